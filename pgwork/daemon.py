@@ -1,0 +1,319 @@
+"""`pgwork run`: every duty in one anyio task group, and a two-stage stop.
+
+Stop: the first SIGTERM/SIGINT stops claiming at once and gives in-flight deliveries
+``shutdown_grace`` seconds; a second signal (or the grace deadline) cancels them. Then pending
+outcomes are flushed, rows still held are released without counting an attempt, and the daemon
+exits 0. SIGKILL at any point loses nothing: held rows come back when their lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from . import __version__, db, materialiser
+from .channels import Channel, make_channel
+from .config import Config
+from .listener import Listener
+from .metrics import Metrics
+from .outcomes import OutcomeWriter, Record
+from .queries import Q
+from .supervise import Backoff, Next, duty_loop
+from .waker import Waker
+from .worker import ChannelWorker, Leases, heartbeat_step, release_all
+
+log = logging.getLogger("pgwork.daemon")
+
+#: Bound on the final flush and release after the grace period, seconds.
+FINAL_STEPS_TIMEOUT = 10.0
+
+
+@dataclass
+class Daemon:
+    cfg: Config
+    dsn: str
+    metrics: Metrics = field(default_factory=Metrics)
+    identity: tuple[str, str, int] = field(init=False)
+    materialiser_waker: Waker = field(default_factory=Waker)
+    #: Set once every duty has started (tests and systemd readiness wait on it).
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    _stop_requested: int = 0
+    _stop_changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def __post_init__(self) -> None:
+        host = socket.gethostname()
+        pid = os.getpid()
+        self.identity = (self.cfg.daemon_id or f"{host}:{pid}:{secrets.token_hex(3)}", host, pid)
+
+    @property
+    def daemon_id(self) -> str:
+        return self.identity[0]
+
+    def request_stop(self) -> None:
+        """First call: graceful stop. Second call: cancel in-flight deliveries."""
+        self._stop_requested += 1
+        self._stop_changed.set()
+
+    async def _stop_level(self, level: int) -> None:
+        while self._stop_requested < level:
+            await self._stop_changed.wait()
+            self._stop_changed = anyio.Event()
+
+    # -- startup ---------------------------------------------------------------------------
+
+    async def _wait_for_database(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                conn = await db.connect(self.dsn, timeout=self.cfg.connect_timeout)
+            except Exception as e:
+                delay = backoff.next()
+                log.error(
+                    "database unreachable (%s); retrying in %.1fs: %s",
+                    db.describe(self.dsn),
+                    delay,
+                    db.redact(str(e)).strip(),
+                    extra={"error_class": type(e).__name__},
+                )
+                await anyio.sleep(delay)
+                continue
+            try:
+                await db.check_schema(conn)
+            finally:
+                await conn.close()
+            return
+
+    async def _prepare(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+        names = list(self.cfg.channels)
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                Q["register_channels"],
+                {"names": names, "kinds": [self.cfg.channels[n].kind for n in names]},
+            )
+            await conn.execute(
+                Q["raise_notify_horizon"], {"lookahead": timedelta(seconds=self.cfg.lookahead)}
+            )
+            daemon_id, host, pid = self.identity
+            await conn.execute(
+                Q["daemon_register"],
+                {"id": daemon_id, "host": host, "pid": pid, "version": __version__},
+            )
+
+    # -- run -------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self._wait_for_database()
+        channels: dict[str, Channel] = {
+            name: make_channel(c) for name, c in self.cfg.channels.items()
+        }
+        pool = db.make_pool(self.dsn, self.cfg.pool_size, self.cfg.connect_timeout)
+        await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
+        try:
+            await self._prepare(pool)
+            await self._run(pool, channels, task_status)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for ch in channels.values():
+                    await ch.aclose()
+                with anyio.move_on_after(5):
+                    async with pool.connection() as conn:
+                        await conn.execute(Q["daemon_unregister"], {"id": self.daemon_id})
+                await pool.close(timeout=5)
+
+    async def _run(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        channels: dict[str, Channel],
+        task_status: TaskStatus[None],
+    ) -> None:
+        cfg = self.cfg
+        leases = Leases()
+        workers: dict[str, ChannelWorker] = {}
+
+        def written(records: list[Record]) -> None:
+            # A retry may be due before the claimer's next tick: let it look again.
+            for r in records:
+                if r.status == "ready" and r.channel in workers:
+                    workers[r.channel].waker.wake("local")
+
+        writer = OutcomeWriter(pool, self.metrics, self.identity, on_written=written)
+        for name, ch in channels.items():
+            workers[name] = ChannelWorker(
+                ch,
+                pool,
+                writer,
+                leases,
+                self.metrics,
+                daemon_id=self.daemon_id,
+                lease=cfg.lease,
+                claim_batch=cfg.claim_batch,
+                tick=cfg.tick,
+            )
+        listener = Listener(
+            self.dsn,
+            self.metrics,
+            self.materialiser_waker,
+            lambda: [w.waker for w in workers.values()],
+            connect_timeout=cfg.connect_timeout,
+        )
+
+        async def materialise_step() -> Next:
+            async with pool.connection() as conn:
+                res = await materialiser.run_once(
+                    conn, lookahead=cfg.lookahead, page_size=cfg.page_size
+                )
+            if res is None:
+                return Next(materialiser.BUSY_RETRY, "busy")
+            self.metrics.materialised.inc(res.made)
+            self.metrics.materialiser_cutoff.set(res.cutoff.timestamp())
+            self.metrics.materialiser_pass.observe(res.duration)
+            if res.made_due:
+                for w in workers.values():
+                    w.waker.wake("local")
+            if res.next_fire_at is None:
+                return Next(cfg.tick, "tick")
+            # Sleep until the next known occurrence enters the look-ahead window.
+            wait = (res.next_fire_at - res.cutoff).total_seconds()
+            return Next(max(0.0, min(cfg.tick, wait)), "timer" if wait < cfg.tick else "tick")
+
+        heartbeat_waker = Waker()
+
+        async def heartbeat() -> Next:
+            lost = await heartbeat_step(pool, leases, cfg.lease)
+            for work_id in lost:
+                log.warning(
+                    "lease lost while delivering (another worker may take the row)",
+                    extra={"work_id": work_id},
+                )
+            async with pool.connection() as conn:
+                await conn.execute(
+                    Q["daemon_heartbeat"], {"id": self.daemon_id, "listener_up": listener.up}
+                )
+            return Next(cfg.lease / 3, "tick")
+
+        async with anyio.create_task_group() as duties:
+            duties.start_soon(writer.run)
+            duties.start_soon(listener.run)
+            duties.start_soon(
+                duty_loop, "materialiser", materialise_step, self.materialiser_waker, self.metrics
+            )
+            duties.start_soon(
+                partial(duty_loop, first=Next(cfg.lease / 3, "tick")),
+                "heartbeat",
+                heartbeat,
+                heartbeat_waker,
+                self.metrics,
+            )
+            duties.start_soon(self._metrics_duty, pool)
+
+            async with anyio.create_task_group() as work:
+                with anyio.CancelScope() as claiming:
+
+                    async def claim_loop(w: ChannelWorker) -> None:
+                        w.tg = work
+                        await duty_loop(f"claim:{w.name}", w.claim_step, w.waker, self.metrics)
+
+                    async def stop_claiming() -> None:
+                        await self._stop_level(1)
+                        claiming.cancel()
+
+                    for w in workers.values():
+                        work.start_soon(claim_loop, w)
+                    work.start_soon(stop_claiming)
+                    self.ready.set()
+                    task_status.started()
+                    log.info(
+                        "pgwork running",
+                        extra={
+                            "daemon_id": self.daemon_id,
+                            "channels": list(channels),
+                            "database": db.describe(self.dsn),
+                            "version": __version__,
+                        },
+                    )
+                    await anyio.sleep_forever()
+
+                # Claiming stopped; deliveries in flight get the grace period, or less on a second signal.
+                in_flight = sum(w.in_flight for w in workers.values())
+                log.info(
+                    "stopping: claiming stopped, %d deliveries in flight",
+                    in_flight,
+                    extra={"grace_s": cfg.shutdown_grace},
+                )
+                work.cancel_scope.deadline = anyio.current_time() + cfg.shutdown_grace
+
+                async def hard_stop() -> None:
+                    await self._stop_level(2)
+                    log.warning("second stop request: cancelling in-flight deliveries")
+                    work.cancel_scope.cancel()
+
+                work.start_soon(hard_stop)
+
+                async def done_when_idle() -> None:
+                    # Shutdown only: a 20 ms poll is simpler than an event per worker.
+                    while any(w.in_flight for w in workers.values()):  # noqa: ASYNC110
+                        await anyio.sleep(0.02)
+                    work.cancel_scope.cancel()
+
+                work.start_soon(done_when_idle)
+
+            # Final steps, bounded: write what is pending, then give back what we still hold.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_STEPS_TIMEOUT) as scope:
+                await writer.drain()
+                released = await release_all(pool, leases, self.identity)
+                if released:
+                    log.info("released %d rows without counting an attempt", released)
+            if scope.cancelled_caught:
+                log.error(
+                    "final flush/release did not finish in %ss; held rows return when their "
+                    "lease expires",
+                    FINAL_STEPS_TIMEOUT,
+                )
+            duties.cancel_scope.cancel()
+        log.info("pgwork stopped", extra={"daemon_id": self.daemon_id})
+
+    async def _metrics_duty(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+        async def refresh() -> Next:
+            async with pool.connection() as conn:
+                lag = await db.fetch_one(conn, "lag")
+                states = await db.fetch_all(conn, "work_states")
+            self.metrics.lag.set(lag["lag_seconds"])
+            self.metrics.oldest_ready.set(lag["oldest_ready_seconds"])
+            self.metrics.work_rows.clear()
+            dead = 0
+            for s in states:
+                self.metrics.work_rows.labels(s["channel"], s["status"]).set(s["n"])
+                if s["status"] == "dead":
+                    dead += s["n"]
+            self.metrics.dead_letters.set(dead)
+            return Next(self.cfg.metrics_interval, "tick")
+
+        await duty_loop("metrics", refresh, Waker(), self.metrics)
+
+
+async def serve(daemon: Daemon, *, signals: bool = True) -> None:
+    """Run ``daemon`` until SIGTERM/SIGINT (or ``request_stop``) ends it."""
+    async with anyio.create_task_group() as tg:
+        if signals:
+
+            async def on_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+                    async for signum in sigs:
+                        log.info("received %s", signal.Signals(signum).name)
+                        daemon.request_stop()
+
+            tg.start_soon(on_signals)
+        await daemon.run()
+        tg.cancel_scope.cancel()

@@ -1,0 +1,142 @@
+"""Connections, the schema check and `pgwork migrate`."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from . import SCHEMA_VERSION
+from .queries import Q, schema_sql
+
+log = logging.getLogger("pgwork.db")
+
+#: Session settings of every daemon connection. ``pgwork.daemon`` keeps the reminder triggers from
+#: notifying the daemon about its own writes; the timeouts keep a stuck statement or a forgotten
+#: transaction from holding locks (and the xmin horizon) for long.
+SESSION_SETTINGS = {
+    "pgwork.daemon": "on",
+    "lock_timeout": "5s",
+    "statement_timeout": "60s",
+    "idle_in_transaction_session_timeout": "60s",
+    "application_name": "pgwork",
+}
+
+
+class SchemaError(Exception):
+    """The database's pgwork schema is missing, older or newer than this code."""
+
+
+def redact(text: str) -> str:
+    """``text`` with anything that looks like a password removed (DSNs, URIs, error messages)."""
+    text = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text, flags=re.IGNORECASE)
+
+
+def describe(dsn: str) -> str:
+    """A DSN as it may be logged: host, port, database and user, never the password."""
+    try:
+        d = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable dsn>"
+    host = d.get("host") or "(libpq default host)"
+    return f"{d.get('user') or '(default user)'}@{host}:{d.get('port') or 5432}/{d.get('dbname') or '(default db)'}"
+
+
+def session_conninfo(dsn: str) -> str:
+    """``dsn`` plus pgwork's session settings, keeping any options already in it."""
+    d = conninfo_to_dict(dsn)
+    opts = " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items() if k != "application_name")
+    extra = {"options": f"{d.get('options', '')} {opts}".strip()}
+    if "application_name" not in d:
+        extra["application_name"] = SESSION_SETTINGS["application_name"]
+    return make_conninfo(dsn, **extra)
+
+
+async def connect(dsn: str, *, timeout: float = 5.0, **kwargs: Any) -> AsyncConnection[Any]:
+    return await AsyncConnection.connect(
+        session_conninfo(dsn), autocommit=True, connect_timeout=max(1, int(timeout)), **kwargs
+    )
+
+
+def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
+    return AsyncConnectionPool(
+        session_conninfo(dsn),
+        min_size=1,
+        max_size=size,
+        timeout=timeout,
+        open=False,
+        kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
+        check=AsyncConnectionPool.check_connection,
+        reconnect_timeout=0,  # never give up reconnecting: the daemon outlives outages
+        name="pgwork",
+    )
+
+
+async def schema_version(conn: AsyncConnection[Any]) -> int | None:
+    if not (await fetch_one(conn, "schema_installed"))["installed"]:
+        return None
+    return int((await fetch_one(conn, "schema_version"))["version"])
+
+
+async def check_schema(conn: AsyncConnection[Any]) -> None:
+    """:raises SchemaError: when the schema is not exactly the one this code expects."""
+    v = await schema_version(conn)
+    if v is None:
+        raise SchemaError("this database has no pgwork schema: run `pgwork migrate` first")
+    if v > SCHEMA_VERSION:
+        raise SchemaError(
+            f"the database's pgwork schema is version {v}, newer than this pgwork "
+            f"(which knows version {SCHEMA_VERSION}): upgrade pgwork before running it here"
+        )
+    if v < SCHEMA_VERSION:
+        raise SchemaError(
+            f"the database's pgwork schema is version {v}, older than this pgwork "
+            f"(version {SCHEMA_VERSION}): run `pgwork migrate`"
+        )
+
+
+async def migrate(conn: AsyncConnection[Any]) -> str:
+    """Bring the schema to this code's version in one transaction. Idempotent and safe to run
+    concurrently (an advisory lock serialises runs). Returns what it did.
+
+    :raises SchemaError: when the database is newer than the code.
+    """
+    async with conn.transaction():
+        await conn.execute(Q["migrate_lock"])
+        v = await schema_version(conn)
+        if v is None:
+            await conn.execute(schema_sql())
+            return f"installed pgwork schema version {SCHEMA_VERSION}"
+        if v > SCHEMA_VERSION:
+            raise SchemaError(
+                f"the database's pgwork schema is version {v}, newer than this pgwork "
+                f"(version {SCHEMA_VERSION}); refusing to touch it"
+            )
+        if v == SCHEMA_VERSION:
+            return f"pgwork schema already at version {v}"
+        # Future versions: apply migrations/NNN_*.sql in order here.
+        raise SchemaError(f"no migration path from schema version {v} to {SCHEMA_VERSION}")
+
+
+async def fetch_all(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q[name], params or {})
+        return await cur.fetchall()
+
+
+async def fetch_one(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    rows = await fetch_all(conn, name, params)
+    if len(rows) != 1:
+        raise RuntimeError(f"{name}: expected one row, got {len(rows)}")
+    return rows[0]

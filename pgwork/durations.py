@@ -1,0 +1,35 @@
+"""Durations written the way operators write them: ``"250ms"``, ``"5s"``, ``"10m"``, ``"1h"``."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``; parts may be combined (``"1m30s"``). Raises ``ValueError``."""
+    s = text.strip().replace(" ", "")
+    if not s:
+        raise ValueError("empty duration")
+    pos = 0
+    total = 0.0
+    for m in _PART.finditer(s):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(s):
+        raise ValueError(f"not a duration: {text!r} (write e.g. '250ms', '5s', '10m', '1h', '2d')")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:g}m"
+    return f"{seconds / 3600:g}h"

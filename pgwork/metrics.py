@@ -1,0 +1,145 @@
+"""Prometheus metrics on an explicit registry (one per daemon, so tests can have several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENESS_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    900,
+    3600,
+)
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        # Delivery
+        self.attempts = Counter(
+            "pgwork_attempts",
+            "Delivery attempts by channel and outcome.",
+            ["channel", "outcome"],
+            registry=r,
+        )
+        self.lateness = Histogram(
+            "pgwork_lateness_seconds",
+            "Delivered at minus due at, per delivered occurrence.",
+            ["channel"],
+            buckets=_LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.delivery_duration = Histogram(
+            "pgwork_delivery_duration_seconds",
+            "Time spent in the channel per attempt.",
+            ["channel"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.claimed = Counter(
+            "pgwork_claimed", "Rows claimed for delivery.", ["channel"], registry=r
+        )
+        self.closed_at_claim = Counter(
+            "pgwork_closed_at_claim",
+            "Rows the claim closed instead of sending (reason: cancelled, superseded, dead).",
+            ["channel", "reason"],
+            registry=r,
+        )
+        self.lease_reclaims = Counter(
+            "pgwork_lease_reclaims",
+            "Rows claimed again after a lease expired.",
+            ["channel"],
+            registry=r,
+        )
+        self.fenced = Counter(
+            "pgwork_fenced_completions",
+            "Late outcomes refused because the lease had passed to another worker.",
+            registry=r,
+        )
+        self.duplicates = Counter(
+            "pgwork_duplicates_suppressed",
+            "Receivers answering that they already had the occurrence.",
+            ["channel"],
+            registry=r,
+        )
+        self.in_flight = Gauge("pgwork_in_flight", "Deliveries in flight.", ["channel"], registry=r)
+        self.outcome_flushes = Counter(
+            "pgwork_outcome_flushes", "Outcome batches written.", registry=r
+        )
+        self.outcomes_pending = Gauge(
+            "pgwork_outcomes_pending", "Outcomes waiting to be written to the database.", registry=r
+        )
+        # Materialiser
+        self.materialised = Counter(
+            "pgwork_materialised_rows", "Work rows materialised.", registry=r
+        )
+        self.materialiser_cutoff = Gauge(
+            "pgwork_materialiser_cutoff_timestamp_seconds",
+            "Cutoff of this daemon's last complete materialiser pass (Unix time).",
+            registry=r,
+        )
+        self.materialiser_pass = Histogram(
+            "pgwork_materialiser_pass_seconds",
+            "Duration of complete materialiser passes.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        # Loops
+        self.listener_up = Gauge(
+            "pgwork_listener_up", "1 while the LISTEN connection is up.", registry=r
+        )
+        self.wakeups = Counter(
+            "pgwork_wakeups",
+            "Loop wake-ups by duty and cause (notify, tick, timer, local).",
+            ["duty", "cause"],
+            registry=r,
+        )
+        self.duty_failures = Counter(
+            "pgwork_duty_failures",
+            "Passes of a duty that raised (and were retried).",
+            ["duty"],
+            registry=r,
+        )
+        self.duty_restarts = Counter(
+            "pgwork_duty_restarts",
+            "Times a duty loop resumed after a failure.",
+            ["duty"],
+            registry=r,
+        )
+        self.duty_last_success = Gauge(
+            "pgwork_duty_last_success_timestamp_seconds",
+            "When a duty last completed a pass (Unix time).",
+            ["duty"],
+            registry=r,
+        )
+        # Database-derived, refreshed by the metrics duty
+        self.lag = Gauge(
+            "pgwork_lag_seconds",
+            "Now minus the due time of the oldest due, undelivered work (0 when none).",
+            registry=r,
+        )
+        self.oldest_ready = Gauge(
+            "pgwork_oldest_ready_seconds",
+            "Age of the oldest claimable row since it became available.",
+            registry=r,
+        )
+        self.work_rows = Gauge(
+            "pgwork_work_rows",
+            "Work rows by channel and status.",
+            ["channel", "status"],
+            registry=r,
+        )
+        self.dead_letters = Gauge("pgwork_dead_letters", "Work rows in the dead state.", registry=r)

@@ -1,0 +1,170 @@
+"""Outcome writer: attempt outcomes are written in batches, one statement per flush (group
+commit). A delivery counts as done only once its outcome is durable."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import anyio
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from .db import fetch_all
+from .metrics import Metrics
+from .supervise import Backoff
+
+log = logging.getLogger("pgwork.outcomes")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One attempt's outcome, as written to ``renewal_work`` and the attempt ledger."""
+
+    work_id: int
+    lease: int
+    attempt: int
+    channel: str
+    outcome: str  # delivered | duplicate | retry | failed
+    status: str  # delivered | ready | dead
+    retry_after: float | None
+    started_at: datetime
+    finished_at: datetime
+    http_status: int | None = None
+    error_class: str | None = None
+    error: str | None = None
+    receipt: Any = None
+
+
+@dataclass
+class _Batch:
+    records: list[Record] = field(default_factory=list)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    fenced: set[int] = field(default_factory=set)
+
+
+class OutcomeWriter:
+    #: Most records written by one statement.
+    MAX_BATCH = 1000
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        metrics: Metrics,
+        identity: tuple[str, str, int],
+        on_written: Callable[[list[Record]], None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.daemon_id, self.host, self.pid = identity
+        self.on_written = on_written
+        self._current = _Batch()
+        self._waiting: list[_Batch] = []
+        self._wake = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    def pending(self) -> int:
+        return len(self._current.records) + sum(len(b.records) for b in self._waiting)
+
+    async def record(self, rec: Record) -> bool:
+        """Queue ``rec`` and wait until it is durable. Returns False when it was fenced (the lease
+        had passed to another worker, so the database kept the other worker's outcome)."""
+        batch = self._current
+        batch.records.append(rec)
+        if len(batch.records) >= self.MAX_BATCH:
+            self._waiting.append(batch)
+            self._current = _Batch()
+        self._idle = anyio.Event()
+        self._wake.set()
+        self.metrics.outcomes_pending.set(self.pending())
+        await batch.done.wait()
+        return rec.work_id not in batch.fenced
+
+    def _take(self) -> _Batch | None:
+        if self._waiting:
+            return self._waiting.pop(0)
+        if self._current.records:
+            b, self._current = self._current, _Batch()
+            return b
+        return None
+
+    async def run(self) -> None:
+        """Flush whatever is pending as soon as the previous flush is done (at most one flush in
+        flight; batches grow under load). Retries a failed flush until it succeeds."""
+        backoff = Backoff()
+        while True:
+            batch = self._take()
+            if batch is None:
+                self._idle.set()
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                continue
+            while True:
+                try:
+                    await self._write(batch)
+                except Exception as e:
+                    delay = backoff.next()
+                    self.metrics.duty_failures.labels("outcomes").inc()
+                    log.error(
+                        "writing %d outcomes failed; retrying in %.1fs: %s",
+                        len(batch.records),
+                        delay,
+                        e,
+                        extra={"duty": "outcomes", "error_class": type(e).__name__},
+                    )
+                    await anyio.sleep(delay)
+                    continue
+                if backoff.failures:
+                    self.metrics.duty_restarts.labels("outcomes").inc()
+                    backoff.reset()
+                break
+            batch.done.set()
+            self.metrics.outcomes_pending.set(self.pending())
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far is written."""
+        while self.pending():
+            await self._idle.wait()
+
+    async def _write(self, batch: _Batch) -> None:
+        rs = batch.records
+        params = {
+            "work_id": [r.work_id for r in rs],
+            "lease": [r.lease for r in rs],
+            "attempt": [r.attempt for r in rs],
+            "outcome": [r.outcome for r in rs],
+            "status": [r.status for r in rs],
+            "retry_after": [r.retry_after for r in rs],
+            "started_at": [r.started_at for r in rs],
+            "finished_at": [r.finished_at for r in rs],
+            "http_status": [r.http_status for r in rs],
+            "error_class": [r.error_class for r in rs],
+            "error": [r.error[:2000] if r.error else None for r in rs],
+            "receipt": [Jsonb(r.receipt) if r.receipt is not None else None for r in rs],
+            "daemon_id": self.daemon_id,
+            "host": self.host,
+            "pid": self.pid,
+        }
+        async with self.pool.connection() as conn:
+            rows = await fetch_all(conn, "record_outcomes", params)
+        batch.fenced = {r["fenced_id"] for r in rows}
+        self.metrics.outcome_flushes.inc()
+        for r in rs:
+            if r.work_id in batch.fenced:
+                self.metrics.fenced.inc()
+                log.warning(
+                    "late outcome refused: the lease passed to another worker",
+                    extra={
+                        "work_id": r.work_id,
+                        "lease": r.lease,
+                        "outcome": r.outcome,
+                        "channel": r.channel,
+                    },
+                )
+        if self.on_written is not None:
+            self.on_written(rs)

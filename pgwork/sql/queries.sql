@@ -1,0 +1,316 @@
+-- Every statement pgwork runs, named. `pgwork.queries` loads this file once; runtime code holds
+-- no other SQL. Parameters are psycopg named placeholders. Time always comes from the database
+-- clock (now()), never from a daemon's clock.
+
+-- name: schema_installed
+-- Whether pgwork was ever installed here.
+SELECT to_regclass('pgwork.schema_version') IS NOT NULL AS installed
+
+-- name: schema_version
+SELECT version FROM pgwork.schema_version
+
+-- name: migrate_lock
+-- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
+SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
+
+-- name: materialise_try_lock
+-- Only one materialiser pages at a time; the others retry shortly (correctness never depends on it).
+SELECT pg_try_advisory_xact_lock(hashtext('pgwork.materialise')) AS got
+
+-- name: materialise_cutoff
+-- The cutoff of a pass: everything firing at or before it gets its work row.
+SELECT now() + %(lookahead)s::interval AS cutoff
+
+-- name: materialise_page
+-- One keyset page of reminders with an occurrence firing at or before the cutoff: insert their
+-- work rows (a repeat is a no-op; a superseded row for the same deadline is revived because the
+-- deadline came back), then advance each reminder's next_fire_at past the cutoff.
+WITH due AS MATERIALIZED (
+    SELECT r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz, r.remind_before,
+           r.channel, r.next_fire_at
+      FROM pgwork.reminder r
+     WHERE r.next_fire_at <= %(cutoff)s
+       AND (r.next_fire_at, r.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+     ORDER BY r.next_fire_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE
+), occ AS MATERIALIZED (
+    SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before,
+           pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at
+      FROM due d
+     CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+), made AS (
+    INSERT INTO pgwork.renewal_work AS w
+           (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id, available_at)
+    SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+           pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before), o.fire_at
+      FROM occ o
+     WHERE o.fire_at <= %(cutoff)s
+        ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
+       SET status = 'ready', available_at = excluded.available_at, finished_at = NULL
+     WHERE w.status = 'superseded'
+    RETURNING w.due_at
+), advanced AS (
+    UPDATE pgwork.reminder r
+       SET next_fire_at = (SELECT min(o.fire_at) FROM occ o WHERE o.id = r.id AND o.fire_at > %(cutoff)s)
+      FROM due d
+     WHERE r.id = d.id
+)
+SELECT (SELECT count(*) FROM due) AS scanned,
+       (SELECT count(*) FROM made) AS made,
+       (SELECT count(*) FROM made WHERE due_at <= now()) AS made_due,
+       (SELECT min(due_at) FROM made) AS earliest_made,
+       l.next_fire_at AS last_at, l.id AS last_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (SELECT next_fire_at, id FROM due ORDER BY next_fire_at DESC, id DESC LIMIT 1) l ON true
+
+-- name: materialise_wake_workers
+-- Tell the workers of every daemon that work became claimable (once per page, never per row).
+SELECT pg_notify('pgwork_work', '')
+
+-- name: materialise_record_pass
+-- Evidence of a complete pass.
+UPDATE pgwork.materialiser_state
+   SET last_cutoff = greatest(last_cutoff, %(cutoff)s),
+       last_pass_at = now(),
+       last_inserted = %(made)s,
+       last_duration_ms = %(duration_ms)s,
+       total_inserted = total_inserted + %(made)s
+
+-- name: next_fire_at
+-- The earliest occurrence not yet materialised (the materialiser sleeps until it enters the window).
+SELECT min(next_fire_at) AS at FROM pgwork.reminder WHERE next_fire_at IS NOT NULL
+
+-- name: raise_notify_horizon
+-- A daemon with a longer look-ahead widens the horizon within which writes notify.
+UPDATE pgwork.config SET notify_horizon = greatest(notify_horizon, %(lookahead)s::interval)
+
+-- name: register_channels
+-- Make the configured channels known, so reminders naming them are accepted.
+INSERT INTO pgwork.channel (name, kind)
+SELECT * FROM unnest(%(names)s::text[], %(kinds)s::text[])
+    ON CONFLICT (name) DO UPDATE SET kind = excluded.kind
+
+-- name: daemon_register
+INSERT INTO pgwork.daemon (id, host, pid, version)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+
+-- name: daemon_heartbeat
+UPDATE pgwork.daemon SET heartbeat_at = now(), listener_up = %(listener_up)s WHERE id = %(id)s
+
+-- name: daemon_unregister
+DELETE FROM pgwork.daemon WHERE id = %(id)s
+
+-- name: claim_work
+-- Claim up to `limit` rows of one channel that are ready and available, or claimed under an
+-- expired lease. The reminder is re-read in the same statement: work for a deleted reminder is
+-- cancelled and work for a moved deadline (or a dropped remind_before entry) is superseded;
+-- neither is returned. A reclaimed lease was an attempt: it is written to the ledger, and with the
+-- budget spent the row goes dead instead of being claimed again.
+WITH candidate AS MATERIALIZED (
+    SELECT w.id
+      FROM pgwork.renewal_work w
+     WHERE w.channel = %(channel)s
+       AND w.status IN ('ready', 'claimed')
+       AND w.available_at <= now()
+     ORDER BY w.available_at, w.id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), judged AS (
+    SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
+           w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
+           CASE WHEN r.id IS NULL THEN 'cancelled'
+                WHEN r.due_at <> w.deadline OR NOT w.occurrence = ANY (r.remind_before) THEN 'superseded'
+                WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
+                ELSE 'claimed' END AS verdict,
+           r.recipient, r.payload
+      FROM candidate c
+      JOIN pgwork.renewal_work w ON w.id = c.id
+      LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
+), updated AS (
+    UPDATE pgwork.renewal_work w
+       SET status = j.verdict,
+           lease = w.lease + (j.verdict = 'claimed')::int,
+           attempts = w.attempts + (j.verdict = 'claimed')::int,
+           claimed_at = CASE WHEN j.verdict = 'claimed' THEN now() ELSE w.claimed_at END,
+           claimed_by = CASE WHEN j.verdict = 'claimed' THEN %(daemon_id)s ELSE w.claimed_by END,
+           available_at = CASE WHEN j.verdict = 'claimed' THEN now() + %(lease)s::interval ELSE w.available_at END,
+           finished_at = CASE WHEN j.verdict = 'claimed' THEN NULL ELSE now() END,
+           dead_reason = CASE WHEN j.verdict <> 'dead' THEN NULL
+                              WHEN j.prev_status = 'claimed' THEN 'attempt budget spent (the last lease expired)'
+                              ELSE 'attempt budget spent' END
+      FROM judged j
+     WHERE w.id = j.id
+    RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
+              w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+              j.prev_status, j.prev_lease, j.prev_attempts, j.prev_claimed_at, j.prev_claimed_by,
+              j.recipient, j.payload
+), expired AS (
+    INSERT INTO pgwork.attempt
+           (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome, error_class, error)
+    SELECT u.id, u.prev_lease, u.prev_attempts, u.prev_claimed_by, coalesce(d.host, 'unknown'),
+           coalesce(d.pid, 0), u.prev_claimed_at, now(), 'lease_expired', 'LeaseExpired',
+           'the worker holding the lease did not report before it expired'
+      FROM updated u
+      LEFT JOIN pgwork.daemon d ON d.id = u.prev_claimed_by
+     WHERE u.prev_status = 'claimed'
+        ON CONFLICT (work_id, lease) DO NOTHING
+)
+SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, u.due_at,
+       u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease,
+       u.prev_status, u.recipient, u.payload
+  FROM updated u
+
+-- name: next_available
+-- When the next row of a channel becomes claimable (ready rows) or reclaimable (claimed rows).
+SELECT min(available_at) AS at
+  FROM pgwork.renewal_work
+ WHERE channel = %(channel)s AND status IN ('ready', 'claimed')
+
+-- name: record_outcomes
+-- Record a batch of attempt outcomes in one statement. Each update is fenced by the lease it
+-- claimed: a row whose lease passed to another worker is left alone, and the ledger says so.
+WITH o AS (
+    SELECT *
+      FROM unnest(%(work_id)s::bigint[], %(lease)s::int[], %(attempt)s::int[], %(outcome)s::text[],
+                  %(status)s::text[], %(retry_after)s::float8[], %(started_at)s::timestamptz[],
+                  %(finished_at)s::timestamptz[], %(http_status)s::int[], %(error_class)s::text[],
+                  %(error)s::text[], %(receipt)s::jsonb[])
+        AS o(work_id, lease, attempt, outcome, status, retry_after, started_at, finished_at,
+             http_status, error_class, error, receipt)
+), done AS (
+    UPDATE pgwork.renewal_work w
+       SET status = o.status,
+           available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
+           finished_at = CASE WHEN o.status IN ('delivered', 'dead') THEN o.finished_at END,
+           last_error = o.error,
+           dead_reason = CASE WHEN o.status = 'dead' THEN coalesce(o.error, o.outcome) END
+      FROM o
+     WHERE w.id = o.work_id AND w.lease = o.lease AND w.status = 'claimed'
+    RETURNING w.id
+), ledger AS (
+    INSERT INTO pgwork.attempt AS a
+           (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome,
+            http_status, error_class, error, receipt)
+    SELECT o.work_id, o.lease, o.attempt, %(daemon_id)s, %(host)s, %(pid)s, o.started_at, o.finished_at,
+           CASE WHEN o.work_id IN (SELECT id FROM done) THEN o.outcome ELSE 'fenced' END,
+           o.http_status, o.error_class,
+           CASE WHEN o.work_id IN (SELECT id FROM done) THEN o.error
+                ELSE left('late outcome ' || o.outcome || coalesce(': ' || o.error, ''), 2000) END,
+           o.receipt
+      FROM o
+        ON CONFLICT (work_id, lease) DO UPDATE
+       SET outcome = 'fenced', finished_at = excluded.finished_at, http_status = excluded.http_status,
+           error_class = excluded.error_class,
+           error = left('late outcome ' || excluded.outcome || coalesce(': ' || excluded.error, ''), 2000)
+     WHERE a.outcome = 'lease_expired'
+)
+SELECT o.work_id AS fenced_id FROM o WHERE o.work_id NOT IN (SELECT id FROM done)
+
+-- name: extend_leases
+-- Heartbeat for long deliveries: push the lease of rows still held (fenced by lease).
+UPDATE pgwork.renewal_work w
+   SET available_at = now() + %(lease)s::interval
+  FROM unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
+ WHERE w.id = h.work_id AND w.lease = h.lease_no AND w.status = 'claimed'
+RETURNING w.id
+
+-- name: release_leases
+-- Clean shutdown: give back rows we hold without counting the attempt (fenced by lease).
+WITH released AS (
+    UPDATE pgwork.renewal_work w
+       SET status = 'ready', available_at = now(), attempts = w.attempts - 1
+      FROM unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
+     WHERE w.id = h.work_id AND w.lease = h.lease_no AND w.status = 'claimed'
+    RETURNING w.id, w.lease, w.attempts, w.claimed_at
+), ledger AS (
+    INSERT INTO pgwork.attempt
+           (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome, error_class, error)
+    SELECT r.id, r.lease, r.attempts + 1, %(daemon_id)s, %(host)s, %(pid)s, r.claimed_at, now(),
+           'released', 'Shutdown', 'released on shutdown before an outcome; not counted as an attempt'
+      FROM released r
+        ON CONFLICT (work_id, lease) DO NOTHING
+)
+SELECT id FROM released
+
+-- name: dlq_list
+-- Dead letters, newest first, optionally filtered.
+SELECT w.id, w.source, w.business_key, w.channel, w.deadline, w.occurrence, w.due_at, w.attempts,
+       w.dead_reason, w.finished_at, w.operation_id
+  FROM pgwork.renewal_work w
+ WHERE w.status = 'dead'
+   AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
+   AND (%(source)s::text IS NULL OR w.source = %(source)s)
+   AND (%(older_than)s::interval IS NULL OR w.finished_at <= now() - %(older_than)s::interval)
+ ORDER BY w.finished_at DESC, w.id DESC
+ LIMIT %(limit)s
+
+-- name: work_get
+SELECT w.*, r.id IS NOT NULL AS reminder_exists, r.due_at AS reminder_due_at, r.recipient, r.payload
+  FROM pgwork.renewal_work w
+  LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
+ WHERE w.id = %(id)s
+
+-- name: work_attempts
+SELECT lease, attempt, outcome, daemon_id, host, pid, started_at, finished_at, http_status,
+       error_class, error, receipt
+  FROM pgwork.attempt
+ WHERE work_id = %(id)s
+ ORDER BY lease
+
+-- name: dlq_redrive
+-- Give dead rows a fresh attempt budget, same operation id. Rows whose reminder was deleted or
+-- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
+WITH target AS (
+    SELECT w.id,
+           CASE WHEN r.id IS NULL THEN 'cancelled'
+                WHEN r.due_at <> w.deadline OR NOT w.occurrence = ANY (r.remind_before) THEN 'superseded'
+                ELSE 'ok' END AS verdict
+      FROM pgwork.renewal_work w
+      LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
+     WHERE w.status = 'dead'
+       AND (%(all)s OR w.id = ANY (%(ids)s::bigint[]))
+       AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
+       FOR UPDATE OF w
+), redriven AS (
+    UPDATE pgwork.renewal_work w
+       SET status = 'ready', available_at = now(), attempts_base = w.attempts, finished_at = NULL,
+           dead_reason = NULL, redriven_at = now(), redriven_by = %(operator)s
+      FROM target t
+     WHERE w.id = t.id AND t.verdict = 'ok'
+    RETURNING w.id, w.channel
+), notified AS (
+    SELECT pg_notify('pgwork_work', '') FROM (SELECT 1 FROM redriven LIMIT 1) AS any_row
+)
+SELECT t.id, t.verdict, (SELECT count(*) FROM notified) AS notified FROM target t ORDER BY t.id
+
+-- name: work_states
+-- Work rows by channel and status (status command, metrics).
+SELECT channel, status, count(*) AS n FROM pgwork.renewal_work GROUP BY channel, status ORDER BY channel, status
+
+-- name: lag
+-- Lateness of the oldest due, undelivered work: now minus its due time (0 when none).
+SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8 AS lag_seconds,
+       coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'ready')), 0)::float8 AS oldest_ready_seconds
+  FROM pgwork.renewal_work
+ WHERE status IN ('ready', 'claimed') AND due_at <= now()
+
+-- name: materialiser_state
+SELECT last_cutoff, last_pass_at, last_inserted, last_duration_ms, total_inserted,
+       extract(epoch FROM now() - last_cutoff)::float8 AS cutoff_age_seconds
+  FROM pgwork.materialiser_state
+
+-- name: daemons
+SELECT id, host, pid, version, started_at, heartbeat_at, listener_up,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
+  FROM pgwork.daemon ORDER BY started_at
+
+-- name: listen
+LISTEN pgwork_reminder; LISTEN pgwork_work
+
+-- name: is_standby
+SELECT pg_is_in_recovery() AS standby
+
+-- name: ping
+SELECT 1

@@ -1,0 +1,83 @@
+"""The one shape every background loop has: sleep (or be woken), run a pass, log and back off on
+failure, never die silently."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .metrics import Metrics
+from .waker import Waker
+
+log = logging.getLogger("pgwork.supervise")
+
+
+@dataclass(frozen=True)
+class Next:
+    """When a loop wants its next pass: after ``seconds`` (``reason`` labels the wake-up)."""
+
+    seconds: float
+    reason: str = "tick"
+
+
+class Backoff:
+    """Exponential backoff with full jitter; class constants are the tunables."""
+
+    INITIAL = 0.5
+    FACTOR = 2.0
+    CAP = 30.0
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def next(self) -> float:
+        self.failures += 1
+        ceiling = min(self.CAP, self.INITIAL * self.FACTOR ** (self.failures - 1))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+async def duty_loop(
+    name: str,
+    step: Callable[[], Awaitable[Next]],
+    waker: Waker,
+    metrics: Metrics,
+    *,
+    first: Next | None = None,
+) -> None:
+    """Run ``step`` forever. An exception in a pass is logged, counted and retried with backoff;
+    cancellation passes straight through (it is how the daemon stops a duty)."""
+    backoff = Backoff()
+    nxt = first or Next(0, "start")
+    while True:
+        cause = await waker.sleep(nxt.seconds)
+        metrics.wakeups.labels(name, nxt.reason if cause == "timer" else cause).inc()
+        try:
+            nxt = await step()
+        except Exception as e:
+            metrics.duty_failures.labels(name).inc()
+            delay = backoff.next()
+            log.error(
+                "%s pass failed; retrying in %.1fs: %s",
+                name,
+                delay,
+                e,
+                extra={"duty": name, "error_class": type(e).__name__, "failures": backoff.failures},
+                exc_info=backoff.failures == 1,
+            )
+            nxt = Next(delay, "retry")
+        else:
+            if backoff.failures:
+                metrics.duty_restarts.labels(name).inc()
+                log.info(
+                    "%s recovered after %d failed passes",
+                    name,
+                    backoff.failures,
+                    extra={"duty": name},
+                )
+                backoff.reset()
+            metrics.duty_last_success.labels(name).set_to_current_time()
