@@ -201,9 +201,8 @@ WITH o AS (
            o.receipt
       FROM o
         ON CONFLICT (work_id, lease) DO UPDATE
-       SET outcome = 'fenced', finished_at = excluded.finished_at, http_status = excluded.http_status,
-           error_class = excluded.error_class,
-           error = left('late outcome ' || excluded.outcome || coalesce(': ' || excluded.error, ''), 2000)
+       SET outcome = excluded.outcome, finished_at = excluded.finished_at, http_status = excluded.http_status,
+           error_class = excluded.error_class, error = excluded.error, receipt = excluded.receipt
      WHERE a.outcome = 'lease_expired'
 )
 SELECT o.work_id AS fenced_id FROM o WHERE o.work_id NOT IN (SELECT id FROM done)

@@ -1,0 +1,131 @@
+"""Test fixtures: a real PostgreSQL server for the whole session, a migrated template database,
+and a fresh clone of it per test. Never a mock of the database, and no skip for want of one.
+
+The server is the embedded one (PostgreSQL 18 from the wheel) unless ``PGWORK_TEST_PGBIN`` names
+another bin directory (CI runs the suite again with Debian's PostgreSQL 15), or
+``PGWORK_TEST_DSN`` points at an existing server (an admin DSN that may create databases).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgwork import db
+from pgwork.embedded import LocalServer
+
+# Test servers trade durability for speed; benchmarks (bench/) run durable.
+FAST_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "300",
+    "shared_buffers": "128MB",
+}
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def admin_dsn() -> Iterator[str]:
+    given = os.environ.get("PGWORK_TEST_DSN")
+    if given:
+        yield given
+        return
+    bin_dir = os.environ.get("PGWORK_TEST_PGBIN")
+    tmp = Path(tempfile.mkdtemp(prefix="pgwork-test-"))
+    os.chmod(tmp, 0o755)
+    server = LocalServer(tmp / "data", Path(bin_dir) if bin_dir else None, settings=FAST_SETTINGS)
+    try:
+        server.start()
+        yield server.dsn()
+    finally:
+        server.destroy()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_dsn: str) -> Iterator[str]:
+    name = f"pgwork_tpl_{os.getpid()}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    async def setup() -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            make_conninfo(admin_dsn, dbname=name), autocommit=True
+        )
+        try:
+            await db.migrate(conn)
+            await conn.execute(
+                "INSERT INTO pgwork.channel (name, kind) VALUES ('log', 'log'), ('test', 'python'), "
+                "('hook', 'webhook')"
+            )
+        finally:
+            await conn.close()
+
+    anyio.run(setup)
+    try:
+        yield name
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def create_db(admin_dsn: str, template: str | None) -> tuple[str, str]:
+    name = f"pgwork_t_{os.getpid()}_{next(_counter)}"
+    tpl = f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else ""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"{tpl}')
+    return name, make_conninfo(admin_dsn, dbname=name)
+
+
+def drop_db(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test only."""
+    name, conninfo = create_db(admin_dsn, template_db)
+    try:
+        yield conninfo
+    finally:
+        drop_db(admin_dsn, name)
+
+
+@pytest.fixture
+def empty_dsn(admin_dsn: str) -> Iterator[str]:
+    """A fresh database without the pgwork schema."""
+    name, conninfo = create_db(admin_dsn, None)
+    try:
+        yield conninfo
+    finally:
+        drop_db(admin_dsn, name)
+
+
+@pytest.fixture
+async def conn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A plain connection, as another app would have (no pgwork session settings)."""
+    c = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        yield c
+    finally:
+        await c.close()

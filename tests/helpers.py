@@ -1,0 +1,149 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgwork import db, materialiser
+
+
+async def add(
+    conn: psycopg.AsyncConnection[Any],
+    key: str,
+    due: str = "now()",
+    *,
+    source: str = "test",
+    channel: str = "test",
+    recipient: str = "r@example.com",
+    before: str = "{0}",
+    payload: str = "{}",
+) -> int:
+    """Insert a reminder due at SQL expression ``due``; returns its id."""
+    cur = await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, remind_before, payload) "
+        f"VALUES (%s, %s, {due}, %s, %s, %s::interval[], %s::jsonb) RETURNING id",
+        (source, key, channel, recipient, before, payload),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def rows(
+    conn: psycopg.AsyncConnection[Any], sql: str, params: Any = None
+) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params)
+        return await cur.fetchall()
+
+
+async def work(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    return await rows(conn, "SELECT * FROM pgwork.renewal_work ORDER BY id")
+
+
+async def materialise(
+    dsn: str, *, lookahead: float = 0.0, page_size: int = 1000
+) -> materialiser.PassResult:
+    """One materialiser pass on a daemon connection (waits if another pass holds the lock)."""
+    c = await db.connect(dsn)
+    try:
+        while True:
+            res = await materialiser.run_once(c, lookahead=lookahead, page_size=page_size)
+            if res is not None:
+                return res
+    finally:
+        await c.close()
+
+
+# -- in-process daemon -----------------------------------------------------------------------
+
+import time  # noqa: E402
+from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
+from contextlib import asynccontextmanager  # noqa: E402
+
+import anyio  # noqa: E402
+
+from pgwork.config import ChannelConfig, Config, RetryPolicy  # noqa: E402
+from pgwork.daemon import Daemon  # noqa: E402
+
+
+def python_channel(
+    name: str = "test",
+    *,
+    concurrency: int = 16,
+    max_attempts: int = 5,
+    base: float = 0.05,
+    cap: float = 0.2,
+) -> ChannelConfig:
+    return ChannelConfig(
+        name=name,
+        kind="python",
+        target="tests.sink:deliver",
+        concurrency=concurrency,
+        retry=RetryPolicy(max_attempts=max_attempts, base=base, cap=cap),
+    )
+
+
+def webhook_channel(
+    url: str,
+    name: str = "hook",
+    *,
+    max_attempts: int = 5,
+    read_timeout: float = 2.0,
+    headers: dict[str, str] | None = None,
+    concurrency: int = 16,
+) -> ChannelConfig:
+    return ChannelConfig(
+        name=name,
+        kind="webhook",
+        url=url,
+        concurrency=concurrency,
+        read_timeout=read_timeout,
+        connect_timeout=1.0,
+        headers=headers or {},
+        retry=RetryPolicy(max_attempts=max_attempts, base=0.05, cap=0.2),
+    )
+
+
+def config(*channels: ChannelConfig, **kw: Any) -> Config:
+    base: dict[str, Any] = {
+        "tick": 0.5,
+        "lookahead": 0.0,
+        "lease": 5.0,
+        "shutdown_grace": 1.0,
+        "metrics_enabled": False,
+        "metrics_interval": 0.2,
+    }
+    base.update(kw)
+    chans = channels or (python_channel(),)
+    return Config(channels={c.name: c for c in chans}, **base)
+
+
+@asynccontextmanager
+async def running(cfg: Config, dsn: str) -> AsyncIterator[Daemon]:
+    """A daemon running in this event loop; stopped gracefully on exit, even when the test fails."""
+    d = Daemon(cfg, dsn)
+    async with anyio.create_task_group() as tg:
+        await tg.start(d.run)
+        try:
+            yield d
+        finally:
+            d.request_stop()
+
+
+async def until(
+    check: Callable[[], Awaitable[bool]], timeout: float = 15.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await anyio.sleep(0.05)
+
+
+async def count(conn: psycopg.AsyncConnection[Any], where: str = "true") -> int:
+    r = await rows(conn, f"SELECT count(*) AS n FROM pgwork.renewal_work WHERE {where}")
+    return int(r[0]["n"])

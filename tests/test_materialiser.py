@@ -1,0 +1,320 @@
+"""Materialiser invariants: every eligible occurrence gets exactly one work row; nothing else does."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgwork import db, materialiser
+
+from .helpers import add, materialise, rows, work
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_due_reminder_gets_one_row_and_far_one_none(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await add(conn, "due", "now() - interval '1 second'")
+    await add(conn, "far", "now() + interval '30 days'")
+    res = await materialise(dsn)
+    assert (res.made, res.made_due) == (1, 1)
+    w = await work(conn)
+    assert [(r["business_key"], r["status"], r["attempts"]) for r in w] == [("due", "ready", 0)]
+    state = await rows(conn, "SELECT * FROM pgwork.materialiser_state")
+    assert state[0]["last_cutoff"] == res.cutoff and state[0]["total_inserted"] == 1
+
+
+async def test_lookahead_materialises_early_but_not_claimable_early(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await add(conn, "soon", "now() + interval '2 minutes'")
+    assert (await materialise(dsn, lookahead=0)).made == 0
+    res = await materialise(dsn, lookahead=300)
+    assert (res.made, res.made_due) == (1, 0)
+    w = await work(conn)
+    assert w[0]["available_at"] == w[0]["due_at"]  # claimable only at its due instant
+
+
+async def test_same_tick_twice_and_delayed_tick(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    # Due long before this (late) tick: a delayed tick covers everything up to its cutoff.
+    for i in range(5):
+        await add(conn, f"k{i}", f"now() - interval '{i} days'")
+    first = await materialise(dsn)
+    c = await db.connect(dsn)
+    try:
+        again = await materialiser.run_once(c, lookahead=0, page_size=100, cutoff=first.cutoff)
+    finally:
+        await c.close()
+    assert (first.made, again.made if again else None) == (5, 0)
+    assert len(await work(conn)) == 5
+
+
+async def test_two_uncoordinated_materialisers_same_cutoff(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, remind_before) "
+        "SELECT 'race', 'k' || g, now() - (g % 100) * interval '1 second', 'test', 'r', '{0, 1 hour}' "
+        "FROM generate_series(1, 2000) g"
+    )
+    cutoff = (await rows(conn, "SELECT now() AS t"))[0]["t"]
+    made: list[int] = []
+
+    async def one() -> None:
+        c = await db.connect(dsn)
+        try:
+            res = await materialiser.run_once(
+                c, lookahead=0, page_size=97, cutoff=cutoff, coordinate=False
+            )
+            assert res is not None
+            made.append(res.made)
+        finally:
+            await c.close()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(one)
+    counts = await rows(
+        conn,
+        "SELECT count(*) AS n, count(DISTINCT (reminder_id, deadline, occurrence)) AS keys FROM pgwork.renewal_work",
+    )
+    assert counts[0]["n"] == counts[0]["keys"] == 4000
+    assert sum(made) == 4000
+
+
+async def test_paging_covers_everything_in_bounded_pages(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 'p', 'k' || g, now() - interval '1 minute', 'test', 'r' FROM generate_series(1, 1050) g"
+    )
+    res = await materialise(dsn, page_size=100)
+    assert (res.made, res.pages) == (1050, 11)
+
+
+async def test_overdue_insert_is_materialised_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await materialise(dsn)  # a tick before the insert
+    await add(conn, "overdue", "now() - interval '3 hours'")
+    assert (await materialise(dsn)).made == 1
+    assert (await materialise(dsn)).made == 0
+
+
+async def test_late_committing_insert_is_not_lost(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as late:
+        await add(late, "late", "now() - interval '1 minute'")  # transaction open, not committed
+        assert (await materialise(dsn)).made == 0  # the tick cannot see it
+        await late.commit()
+    assert (await materialise(dsn)).made == 1
+    assert [r["business_key"] for r in await work(conn)] == ["late"]
+
+
+async def test_move_before_materialisation(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    await add(conn, "k", "now() + interval '1 day'")
+    await conn.execute("UPDATE pgwork.reminder SET due_at = now() - interval '1 minute'")
+    await materialise(dsn)
+    w = await work(conn)
+    r = await rows(conn, "SELECT due_at FROM pgwork.reminder")
+    assert [(x["deadline"], x["status"]) for x in w] == [(r[0]["due_at"], "ready")]
+
+
+async def test_move_after_materialisation_supersedes_then_back_revives(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await add(conn, "k", "now() - interval '1 minute'")
+    await materialise(dsn)
+    (old,) = await work(conn)
+    await conn.execute("UPDATE pgwork.reminder SET due_at = now() - interval '10 seconds'")
+    await materialise(dsn)
+    w = await work(conn)
+    assert [(x["id"], x["status"]) for x in w] == [
+        (old["id"], "superseded"),
+        (old["id"] + 1, "ready"),
+    ]
+    # Moving it back to the first deadline makes that occurrence current again (same operation id).
+    await conn.execute("UPDATE pgwork.reminder SET due_at = %s", (old["deadline"],))
+    await materialise(dsn)
+    w = await work(conn)
+    assert [(x["operation_id"], x["status"]) for x in w] == [
+        (old["operation_id"], "ready"),
+        (w[1]["operation_id"], "superseded"),
+    ]
+
+
+async def test_move_far_away_leaves_no_current_work(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await add(conn, "k", "now() - interval '1 minute'")
+    await materialise(dsn)
+    await conn.execute("UPDATE pgwork.reminder SET due_at = now() + interval '30 days'")
+    assert (await materialise(dsn)).made == 0
+    assert [x["status"] for x in await work(conn)] == ["superseded"]
+
+
+async def test_cancel_after_materialisation(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    await add(conn, "k", "now() - interval '1 minute'")
+    await materialise(dsn)
+    await conn.execute("DELETE FROM pgwork.reminder")
+    await materialise(dsn)
+    w = await work(conn)
+    assert [x["status"] for x in w] == ["cancelled"] and w[0]["finished_at"] is not None
+
+
+async def test_offsets_each_fire_once_as_they_come_due(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    # Deadline in 90 minutes; sends 2 hours (overdue), 1 hour (in 30 min) and 0 before.
+    await add(conn, "k", "now() + interval '90 minutes'", before="{2 hours, 1 hour, 0}")
+    assert (await materialise(dsn)).made == 1
+    assert (await materialise(dsn, lookahead=45 * 60)).made == 1
+    assert (await materialise(dsn, lookahead=45 * 60)).made == 0
+    assert (await materialise(dsn, lookahead=2 * 3600)).made == 1
+    occ = sorted(x["occurrence"] for x in await work(conn))
+    assert occ == [timedelta(0), timedelta(hours=1), timedelta(hours=2)]
+    nxt = await rows(conn, "SELECT next_fire_at FROM pgwork.reminder")
+    assert nxt[0]["next_fire_at"] is None  # all done: retention can never make it fire again
+
+
+async def test_dst_local_offsets_keep_wall_clock(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    # Clocks go forward at 02:00 on 2026-03-08 in New York: 09:00 that day is EDT (13:00 UTC);
+    # one day before is 09:00 EST on 2026-03-07 (14:00 UTC), not 24 hours before.
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, remind_before, channel, recipient) "
+        "VALUES ('s', 'k', '2026-03-08 09:00', 'America/New_York', '{1 day, 0}', 'test', 'r')"
+    )
+    await materialise(dsn)
+    got = sorted(x["due_at"].isoformat() for x in await work(conn))
+    assert got == ["2026-03-07T14:00:00+00:00", "2026-03-08T13:00:00+00:00"]
+
+
+async def test_notify_once_per_statement_and_never_for_far_future(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN pgwork_reminder")
+
+        async def drain() -> int:
+            return len([n async for n in listener.notifies(timeout=0.3)])
+
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 'bulk', 'k' || g, now() + interval '90 days' + g * interval '1 second', 'test', 'r' "
+            "FROM generate_series(1, 100000) g"
+        )
+        assert await drain() == 0
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 'near', 'k' || g, now() + interval '1 minute', 'test', 'r' FROM generate_series(1, 50) g"
+        )
+        assert await drain() == 1
+        # Moving a far one into the window notifies too; the daemon's own writes never do.
+        await conn.execute(
+            "UPDATE pgwork.reminder SET due_at = now() WHERE source = 'bulk' AND business_key = 'k1'"
+        )
+        assert await drain() == 1
+        await materialise(dsn)
+        assert await drain() == 0
+    assert (
+        await rows(conn, "SELECT count(*) AS n FROM pgwork.renewal_work WHERE source = 'bulk'")
+    )[0]["n"] == 1
+
+
+# -- property: random interleavings of insert / move / cancel / tick ---------------------------
+
+_example = itertools.count()
+KEYS = ["a", "b", "c"]
+op = st.one_of(
+    st.tuples(
+        st.just("insert"),
+        st.sampled_from(KEYS),
+        st.integers(-48, 48),
+        st.sampled_from(["{0}", "{0, 1 day}", "{2 hours}"]),
+    ),
+    st.tuples(st.just("move"), st.sampled_from(KEYS), st.integers(-48, 48)),
+    st.tuples(st.just("cancel"), st.sampled_from(KEYS)),
+    st.tuples(st.just("tick"), st.sampled_from([0, 3600 * 3])),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=st.lists(op, min_size=1, max_size=14))
+def test_random_interleavings_keep_one_row_per_eligible_occurrence(
+    dsn: str, ops: list[tuple[Any, ...]]
+) -> None:
+    source = f"ex{next(_example)}"
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+            for o in ops:
+                if o[0] == "insert":
+                    await c.execute(
+                        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, remind_before) "
+                        "VALUES (%s, %s, now() + %s * interval '1 hour', 'test', 'r', %s::interval[]) "
+                        "ON CONFLICT (source, business_key) DO NOTHING",
+                        (source, o[1], o[2], o[3]),
+                    )
+                elif o[0] == "move":
+                    await c.execute(
+                        "UPDATE pgwork.reminder SET due_at = now() + %s * interval '1 hour' WHERE source = %s AND business_key = %s",
+                        (o[2], source, o[1]),
+                    )
+                elif o[0] == "cancel":
+                    await c.execute(
+                        "DELETE FROM pgwork.reminder WHERE source = %s AND business_key = %s",
+                        (source, o[1]),
+                    )
+                else:
+                    await materialise(dsn, lookahead=o[1])
+            await materialise(dsn)  # the final tick: cutoff = now
+            # Every current occurrence due by now: exactly one live row. Nothing else is live.
+            expected = await rows(
+                c,
+                "SELECT r.id, r.due_at, b FROM pgwork.reminder r, unnest(r.remind_before) b "
+                "WHERE r.source = %s AND pgwork.fire_at(r.due_at, r.due_local, r.due_tz, b) <= now()",
+                (source,),
+            )
+            live = await rows(
+                c,
+                "SELECT reminder_id, deadline, occurrence FROM pgwork.renewal_work "
+                "WHERE source = %s AND status IN ('ready', 'claimed')",
+                (source,),
+            )
+            # Live rows may also exist for occurrences materialised early by a look-ahead tick.
+            early = await rows(
+                c,
+                "SELECT w.reminder_id FROM pgwork.renewal_work w JOIN pgwork.reminder r ON r.id = w.reminder_id "
+                "WHERE w.source = %s AND w.status = 'ready' AND w.deadline = r.due_at AND w.due_at > now()",
+                (source,),
+            )
+            want = sorted((e["id"], e["due_at"], e["b"]) for e in expected)
+            have = sorted((x["reminder_id"], x["deadline"], x["occurrence"]) for x in live)
+            assert len(have) == len(set(have)), "two live rows for one occurrence"
+            assert set(want) <= set(have), "an eligible occurrence has no live row"
+            assert len(have) - len(want) == len(early), "a live row that is neither due nor early"
+            stale = await rows(
+                c,
+                "SELECT w.id FROM pgwork.renewal_work w LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id "
+                "WHERE w.source = %s AND w.status = 'ready' AND (r.id IS NULL OR r.due_at <> w.deadline)",
+                (source,),
+            )
+            assert stale == [], "live work for a cancelled or moved reminder"
+
+    anyio.run(main)

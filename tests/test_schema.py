@@ -1,0 +1,320 @@
+"""The schema: migrate, the SQL API other apps use, and bad input refused with a clear error."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg import errors
+
+from pgwork import SCHEMA_VERSION, db
+
+from .helpers import add, rows
+
+pytestmark = pytest.mark.anyio
+
+
+# -- migrate ---------------------------------------------------------------------------------
+
+
+async def test_migrate_installs_then_is_idempotent(empty_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        assert await db.schema_version(c) is None
+        with pytest.raises(db.SchemaError, match="pgwork migrate"):
+            await db.check_schema(c)
+        assert "installed" in await db.migrate(c)
+        assert "already" in await db.migrate(c)
+        assert await db.schema_version(c) == SCHEMA_VERSION
+        await db.check_schema(c)
+
+
+async def test_concurrent_migrations_install_once(empty_dsn: str) -> None:
+    results: list[str] = []
+
+    async def one() -> None:
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+            results.append(await db.migrate(c))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(one)
+    assert sorted(r.split()[0] for r in results) == ["installed", "pgwork", "pgwork", "pgwork"]
+
+
+async def test_newer_schema_is_refused(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute("UPDATE pgwork.schema_version SET version = version + 1")
+    with pytest.raises(db.SchemaError, match="newer than this pgwork"):
+        await db.check_schema(conn)
+    with pytest.raises(db.SchemaError, match="refusing"):
+        await db.migrate(conn)
+
+
+# -- the SQL API -----------------------------------------------------------------------------
+
+
+async def test_schedule_with_instant_local_time_and_offsets(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "VALUES ('lease-renewal', 'property:7/lease:42', '2027-06-01 09:00+00', 'log', 'a@example.com')"
+    )
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, remind_before, channel, recipient) "
+        "VALUES ('lease-renewal', 'property:7/lease:43', '2027-06-01 09:00', 'Europe/London', "
+        "'{30 days, 7 days, 1 day}', 'log', 'b@example.com')"
+    )
+    got = await rows(
+        conn,
+        "SELECT business_key, remind_before, send_at, status FROM pgwork.reminder_status ORDER BY business_key, send_at",
+    )
+    assert [(r["business_key"], r["send_at"], r["status"]) for r in got] == [
+        ("property:7/lease:42", datetime(2027, 6, 1, 9, tzinfo=UTC), "scheduled"),
+        # 09:00 London in summer is 08:00 UTC; offsets count in London's calendar.
+        ("property:7/lease:43", datetime(2027, 5, 2, 8, tzinfo=UTC), "scheduled"),
+        ("property:7/lease:43", datetime(2027, 5, 25, 8, tzinfo=UTC), "scheduled"),
+        ("property:7/lease:43", datetime(2027, 5, 31, 8, tzinfo=UTC), "scheduled"),
+    ]
+    kept = await rows(
+        conn,
+        "SELECT due_local, due_tz FROM pgwork.reminder WHERE business_key = 'property:7/lease:43'",
+    )
+    assert kept[0]["due_tz"] == "Europe/London"  # the intent is kept as written
+    assert str(kept[0]["due_local"]) == "2027-06-01 09:00:00"
+
+
+async def test_move_local_deadline_recomputes_instant(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+        "VALUES ('s', 'k', '2027-01-10 09:00', 'America/New_York', 'log', 'r')"
+    )
+    await conn.execute(
+        "UPDATE pgwork.reminder SET due_local = '2027-07-10 09:00' WHERE business_key = 'k'"
+    )
+    got = await rows(conn, "SELECT due_at FROM pgwork.reminder")
+    assert got[0]["due_at"] == datetime(2027, 7, 10, 13, tzinfo=UTC)  # EDT is UTC-4
+
+
+@pytest.mark.parametrize(
+    ("tz", "local", "expected_utc", "why"),
+    [
+        # 2026-03-08 02:00 -> 03:00 in New York: 02:30 never happens; shifted forward to 03:30 EDT.
+        ("America/New_York", "2026-03-08 02:30", datetime(2026, 3, 8, 7, 30, tzinfo=UTC), "gap"),
+        # 2026-11-01 02:00 -> 01:00: 01:30 happens twice; the earlier (EDT) instant is chosen.
+        (
+            "America/New_York",
+            "2026-11-01 01:30",
+            datetime(2026, 11, 1, 5, 30, tzinfo=UTC),
+            "ambiguous",
+        ),
+        ("America/New_York", "2026-11-01 03:30", datetime(2026, 11, 1, 8, 30, tzinfo=UTC), "after"),
+        # 2026-03-29 01:00 -> 02:00 in London: 01:30 shifted forward to 02:30 BST.
+        ("Europe/London", "2026-03-29 01:30", datetime(2026, 3, 29, 1, 30, tzinfo=UTC), "gap"),
+        # 2026-10-25 02:00 -> 01:00: 01:30 twice; the earlier (BST) instant.
+        (
+            "Europe/London",
+            "2026-10-25 01:30",
+            datetime(2026, 10, 25, 0, 30, tzinfo=UTC),
+            "ambiguous",
+        ),
+        ("Europe/London", "2026-07-01 12:00", datetime(2026, 7, 1, 11, 0, tzinfo=UTC), "plain"),
+    ],
+)
+async def test_dst_policy(
+    conn: psycopg.AsyncConnection[Any], tz: str, local: str, expected_utc: datetime, why: str
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+        "VALUES ('s', %s, %s, %s, 'log', 'r')",
+        (why, local, tz),
+    )
+    got = await rows(conn, "SELECT due_at FROM pgwork.reminder")
+    assert got[0]["due_at"] == expected_utc, why
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+BAD_ROWS = [
+    (
+        "missing key",
+        "(source, due_at, channel, recipient) VALUES ('s', now(), 'log', 'r')",
+        errors.NotNullViolation,
+        "business_key",
+    ),
+    (
+        "blank key",
+        "(source, business_key, due_at, channel, recipient) VALUES ('s', '', now(), 'log', 'r')",
+        errors.CheckViolation,
+        "reminder_business_key_valid",
+    ),
+    (
+        "no deadline",
+        "(source, business_key, channel, recipient) VALUES ('s', 'k', 'log', 'r')",
+        errors.NotNullViolation,
+        "has no deadline",
+    ),
+    (
+        "local time without zone",
+        "(source, business_key, due_local, channel, recipient) VALUES ('s', 'k', '2027-01-01 09:00', 'log', 'r')",
+        errors.CheckViolation,
+        "only one of due_local and due_tz",
+    ),
+    (
+        "unknown zone",
+        "(source, business_key, due_local, due_tz, channel, recipient) "
+        "VALUES ('s', 'k', '2027-01-01 09:00', 'Mars/Olympus_Mons', 'log', 'r')",
+        errors.InvalidParameterValue,
+        'unknown time zone "Mars/Olympus_Mons"',
+    ),
+    (
+        "abbreviation, not an IANA zone",
+        "(source, business_key, due_local, due_tz, channel, recipient) "
+        "VALUES ('s', 'k', '2027-01-01 09:00', 'EST', 'log', 'r')",
+        errors.InvalidParameterValue,
+        'unknown time zone "EST"',
+    ),
+    (
+        "both instant and local",
+        "(source, business_key, due_at, due_local, due_tz, channel, recipient) "
+        "VALUES ('s', 'k', now(), '2027-01-01 09:00', 'UTC', 'log', 'r')",
+        errors.CheckViolation,
+        "both due_at and due_local",
+    ),
+    (
+        "negative offset",
+        "(source, business_key, due_at, remind_before, channel, recipient) VALUES ('s', 'k', now(), '{-1 day}', 'log', 'r')",
+        errors.CheckViolation,
+        "remind_before entry -1 days",
+    ),
+    (
+        "absurd offset",
+        "(source, business_key, due_at, remind_before, channel, recipient) "
+        "VALUES ('s', 'k', now(), '{5 years}', 'log', 'r')",
+        errors.CheckViolation,
+        "between 0 and 400 days",
+    ),
+    (
+        "empty offsets",
+        "(source, business_key, due_at, remind_before, channel, recipient) VALUES ('s', 'k', now(), '{}', 'log', 'r')",
+        errors.CheckViolation,
+        "empty remind_before",
+    ),
+    (
+        "duplicate offsets",
+        "(source, business_key, due_at, remind_before, channel, recipient) "
+        "VALUES ('s', 'k', now(), '{1 day, 24 hours}', 'log', 'r')",
+        errors.CheckViolation,
+        "same remind_before entry twice",
+    ),
+    (
+        "payload too big",
+        "(source, business_key, due_at, channel, recipient, payload) "
+        "VALUES ('s', 'k', now(), 'log', 'r', jsonb_build_object('x', repeat('a', 70000)))",
+        errors.CheckViolation,
+        "payload (at most 65536)",
+    ),
+    (
+        "payload not an object",
+        "(source, business_key, due_at, channel, recipient, payload) VALUES ('s', 'k', now(), 'log', 'r', '[1]')",
+        errors.CheckViolation,
+        "reminder_payload_is_object",
+    ),
+    (
+        "unknown channel",
+        "(source, business_key, due_at, channel, recipient) VALUES ('s', 'k', now(), 'sms', 'r')",
+        errors.ForeignKeyViolation,
+        "reminder_channel_known",
+    ),
+    (
+        "absurd deadline",
+        "(source, business_key, due_at, channel, recipient) VALUES ('s', 'k', '0200-01-01', 'log', 'r')",
+        errors.CheckViolation,
+        "reminder_due_at_sane",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "values", "exc", "message"), BAD_ROWS, ids=[b[0] for b in BAD_ROWS]
+)
+async def test_bad_row_is_refused_and_nothing_else_changes(
+    conn: psycopg.AsyncConnection[Any], what: str, values: str, exc: type[Exception], message: str
+) -> None:
+    await add(conn, "keep-me", "now() + interval '1 day'", channel="log")
+    before = await rows(conn, "SELECT * FROM pgwork.reminder")
+    with pytest.raises(exc) as info:
+        await conn.execute(f"INSERT INTO pgwork.reminder {values}")
+    text = str(info.value) + " " + str(getattr(info.value.diag, "constraint_name", ""))  # type: ignore[attr-defined]
+    assert message in text, text
+    assert await rows(conn, "SELECT * FROM pgwork.reminder") == before
+
+
+async def test_bad_row_in_a_batch_refuses_the_statement_only(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    with pytest.raises(errors.InvalidParameterValue):
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+            "VALUES ('s', 'a', '2027-01-01 09:00', 'UTC', 'log', 'r'), ('s', 'b', '2027-01-01 09:00', 'Nowhere/X', 'log', 'r')"
+        )
+    assert await rows(conn, "SELECT * FROM pgwork.reminder") == []
+
+
+async def test_identity_cannot_change(conn: psycopg.AsyncConnection[Any]) -> None:
+    await add(conn, "k", channel="log")
+    with pytest.raises(errors.CheckViolation, match="cannot change"):
+        await conn.execute("UPDATE pgwork.reminder SET business_key = 'other'")
+
+
+async def test_local_deadline_cannot_be_moved_through_due_at(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+        "VALUES ('s', 'k', '2027-01-10 09:00', 'UTC', 'log', 'r')"
+    )
+    with pytest.raises(errors.CheckViolation, match="local-time deadline"):
+        await conn.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '1 hour'")
+    # Switching to an instant explicitly is allowed.
+    await conn.execute(
+        "UPDATE pgwork.reminder SET due_at = '2027-02-01 00:00+00', due_local = NULL, due_tz = NULL"
+    )
+
+
+# -- roles -----------------------------------------------------------------------------------
+
+
+async def test_app_role_can_schedule_move_cancel_and_nothing_else(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    app = f"app_{abs(hash(dsn)) % 10**8}"
+    await conn.execute(f"CREATE ROLE {app} LOGIN IN ROLE pgwork_app")
+    try:
+        from psycopg.conninfo import make_conninfo
+
+        async with await psycopg.AsyncConnection.connect(
+            make_conninfo(dsn, user=app), autocommit=True
+        ) as a:
+            await a.execute(
+                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                "VALUES ('s', 'k', now() + interval '1 day', 'log', 'r')"
+            )
+            await a.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '1 day'")
+            assert len(await rows(a, "SELECT * FROM pgwork.reminder_status")) == 1
+            await a.execute("DELETE FROM pgwork.reminder")
+            for forbidden in (
+                "SELECT * FROM pgwork.renewal_work",
+                "UPDATE pgwork.renewal_work SET status = 'delivered'",
+                "SELECT * FROM pgwork.attempt",
+                "INSERT INTO pgwork.channel (name, kind) VALUES ('x', 'log')",
+                "UPDATE pgwork.reminder SET next_fire_at = NULL",
+                "UPDATE pgwork.config SET notify_horizon = '1 day'",
+            ):
+                with pytest.raises(errors.InsufficientPrivilege):
+                    await a.execute(forbidden)
+    finally:
+        await conn.execute(f"DROP OWNED BY {app}")
+        await conn.execute(f"DROP ROLE {app}")

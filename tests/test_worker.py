@@ -1,0 +1,404 @@
+"""Claim and deliver, in-process: exactly one send per occurrence, fencing, retries, dead
+letters, concurrency limits and the two-stage stop. Real Postgres, real daemon code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from pgwork import db
+from pgwork.channels import Delivery, Failed, Retry
+from pgwork.config import ConfigError
+from pgwork.daemon import Daemon
+
+from . import sink
+from .helpers import add, config, count, materialise, python_channel, rows, running, until, work
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _sink() -> Iterator[None]:
+    sink.reset()
+    yield
+    sink.reset()
+
+
+async def test_due_reminders_are_delivered_exactly_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, payload) "
+        "SELECT 's', 'k' || g, now() - g * interval '1 second', 'test', 'r' || g, jsonb_build_object('n', g) "
+        "FROM generate_series(1, 300) g"
+    )
+    async with running(config(), dsn):
+        await until(lambda: _eq(conn, 300), what="300 delivered")
+    keys = [d.operation_id for d in sink.DELIVERED]
+    assert len(keys) == len(set(keys)) == 300
+    d = next(x for x in sink.DELIVERED if x.business_key == "k7")
+    assert (d.recipient, d.payload, d.attempt, d.occurrence) == ("r7", {"n": 7}, 1, timedelta(0))
+    ledger = await rows(conn, "SELECT outcome, count(*) AS n FROM pgwork.attempt GROUP BY outcome")
+    assert ledger == [{"outcome": "delivered", "n": 300}]
+
+
+async def _eq(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status = 'delivered'") == n
+
+
+async def test_two_daemons_share_the_work_without_double_claims(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 's', 'k' || g, now(), 'test', 'r' FROM generate_series(1, 1000) g"
+    )
+
+    async def slowish(d: Delivery) -> None:
+        await anyio.sleep(0.002)
+
+    sink.DEFAULT.append(slowish)
+    cfg = config(python_channel(concurrency=8), claim_batch=10)
+    async with running(cfg, dsn) as a, running(cfg, dsn) as b:
+        await until(lambda: _eq(conn, 1000), what="1000 delivered")
+    assert len(sink.DELIVERED) == len({d.operation_id for d in sink.DELIVERED}) == 1000
+    per_daemon = await rows(
+        conn, "SELECT daemon_id, count(*) AS n FROM pgwork.attempt GROUP BY daemon_id"
+    )
+    assert {r["daemon_id"] for r in per_daemon} == {a.daemon_id, b.daemon_id}
+    assert (await rows(conn, "SELECT max(lease) AS m FROM pgwork.renewal_work"))[0]["m"] == 1
+
+
+async def test_retry_with_backoff_then_success(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async def flaky(d: Delivery) -> Retry | None:
+        return Retry(error="try later", delay=0.2) if d.attempt < 3 else None
+
+    sink.BEHAVIOUR["k"] = flaky
+    await add(conn, "k")
+    async with running(config(), dsn):
+        await until(lambda: _eq(conn, 1), what="delivered")
+    ledger = await rows(
+        conn, "SELECT attempt, outcome, started_at, finished_at FROM pgwork.attempt ORDER BY lease"
+    )
+    assert [(x["attempt"], x["outcome"]) for x in ledger] == [
+        (1, "retry"),
+        (2, "retry"),
+        (3, "delivered"),
+    ]
+    # The retry was not attempted before its delay.
+    assert ledger[1]["started_at"] - ledger[0]["finished_at"] >= timedelta(seconds=0.19)
+    assert len({d.operation_id for d in sink.DELIVERED}) == 1
+
+
+async def test_exception_in_channel_is_a_retry(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async def boom(d: Delivery) -> None:
+        if d.attempt == 1:
+            raise ConnectionResetError("receiver went away")
+
+    sink.BEHAVIOUR["k"] = boom
+    await add(conn, "k")
+    async with running(config(), dsn):
+        await until(lambda: _eq(conn, 1), what="delivered")
+    ledger = await rows(
+        conn, "SELECT outcome, error_class, error FROM pgwork.attempt ORDER BY lease"
+    )
+    assert ledger[0]["outcome"] == "retry" and ledger[0]["error_class"] == "ConnectionResetError"
+    assert "receiver went away" in ledger[0]["error"]
+
+
+async def test_budget_spent_goes_dead_then_redrive_delivers_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async def always(d: Delivery) -> Retry:
+        return Retry(error="down", delay=0)
+
+    sink.BEHAVIOUR["k"] = always
+    await add(conn, "k")
+    async with running(config(python_channel(max_attempts=3)), dsn):
+        await until(lambda: _dead(conn, 1), what="dead")
+        (w,) = await work(conn)
+        assert (w["attempts"], w["dead_reason"]) == (
+            3,
+            "attempt budget spent (3 attempts); last error: down",
+        )
+        del sink.BEHAVIOUR["k"]
+        async with await db.connect(dsn) as c:
+            redriven = await db.fetch_all(
+                c, "dlq_redrive", {"all": True, "ids": [], "channel": None, "operator": "op@test"}
+            )
+        assert [r["verdict"] for r in redriven] == ["ok"]
+        await until(lambda: _eq(conn, 1), what="delivered after redrive")
+    (w,) = await work(conn)
+    assert (w["attempts"], w["attempts_base"], w["redriven_by"]) == (4, 3, "op@test")
+    assert len({d.operation_id for d in sink.DELIVERED}) == 1  # same key on every attempt
+
+
+async def _dead(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status = 'dead'") == n
+
+
+async def test_permanent_failure_dead_letters_at_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async def bad(d: Delivery) -> Failed:
+        return Failed(error="recipient unknown")
+
+    sink.BEHAVIOUR["k"] = bad
+    await add(conn, "k")
+    async with running(config(), dsn):
+        await until(lambda: _dead(conn, 1), what="dead")
+    (w,) = await work(conn)
+    assert (w["attempts"], w["dead_reason"]) == (1, "permanent failure: recipient unknown")
+
+
+async def test_redrive_refuses_cancelled_and_moved(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async def bad(d: Delivery) -> Failed:
+        return Failed(error="no")
+
+    sink.DEFAULT.append(bad)
+    await add(conn, "gone")
+    await add(conn, "moved")
+    async with running(config(), dsn):
+        await until(lambda: _dead(conn, 2), what="dead")
+    await conn.execute("DELETE FROM pgwork.reminder WHERE business_key = 'gone'")
+    await conn.execute(
+        "UPDATE pgwork.reminder SET due_at = due_at + interval '1 day' WHERE business_key = 'moved'"
+    )
+    async with await db.connect(dsn) as c:
+        got = await db.fetch_all(
+            c, "dlq_redrive", {"all": True, "ids": [], "channel": None, "operator": "op"}
+        )
+    assert sorted(r["verdict"] for r in got) == ["cancelled", "superseded"]
+    assert await count(conn, "status = 'dead'") == 2
+
+
+async def _claim(dsn: str, lease: float, max_attempts: int = 5) -> list[dict[str, Any]]:
+    async with await db.connect(dsn) as c:
+        return await db.fetch_all(
+            c,
+            "claim_work",
+            {
+                "channel": "test",
+                "limit": 10,
+                "max_attempts": max_attempts,
+                "lease": timedelta(seconds=lease),
+                "daemon_id": "manual",
+            },
+        )
+
+
+async def test_claim_rereads_business_state(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    # Rows already claimed (so the reminder triggers leave them alone), then their lease expires
+    # after the reminder was deleted or moved: the next claim closes them; nothing is sent.
+    await add(conn, "gone")
+    await add(conn, "moved")
+    await materialise(dsn)
+    assert len(await _claim(dsn, lease=0.2)) == 2
+    await conn.execute("DELETE FROM pgwork.reminder WHERE business_key = 'gone'")
+    await conn.execute(
+        "UPDATE pgwork.reminder SET due_at = due_at + interval '1 day' WHERE business_key = 'moved'"
+    )
+    await anyio.sleep(0.3)
+    got = await _claim(dsn, lease=5)
+    assert sorted((r["business_key"], r["status"]) for r in got) == [
+        ("gone", "cancelled"),
+        ("moved", "superseded"),
+    ]
+    assert (
+        sorted(x["outcome"] for x in await rows(conn, "SELECT outcome FROM pgwork.attempt"))
+        == ["lease_expired"] * 2
+    )
+
+
+async def test_expired_lease_on_last_attempt_goes_dead(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await add(conn, "k")
+    await materialise(dsn)
+    await _claim(dsn, lease=0.1, max_attempts=1)
+    await anyio.sleep(0.2)
+    (r,) = await _claim(dsn, lease=5, max_attempts=1)
+    assert (r["status"], r["attempts"]) == ("dead", 1)
+
+
+async def test_fencing_refuses_a_late_outcome(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    await add(conn, "k")
+    await materialise(dsn)
+    (first,) = await _claim(dsn, lease=0.1)
+    await anyio.sleep(0.2)
+    (second,) = await _claim(dsn, lease=30)
+    assert (first["lease"], second["lease"], second["prev_status"]) == (1, 2, "claimed")
+
+    async with await db.connect(dsn) as c:
+
+        def outcome(lease: int, status: str) -> dict[str, Any]:
+            from datetime import UTC, datetime
+
+            now = datetime.now(UTC)
+            return {
+                "work_id": [second["id"]],
+                "lease": [lease],
+                "attempt": [lease],
+                "outcome": [status],
+                "status": [status],
+                "retry_after": [None],
+                "started_at": [now],
+                "finished_at": [now],
+                "http_status": [None],
+                "error_class": [None],
+                "error": [None],
+                "receipt": [None],
+                "daemon_id": "d",
+                "host": "h",
+                "pid": 1,
+            }
+
+        # The zombie (lease 1) reports late: refused, and the ledger says so.
+        fenced = await db.fetch_all(
+            c, "record_outcomes", outcome(1, "dead") | {"outcome": ["failed"]}
+        )
+        assert [r["fenced_id"] for r in fenced] == [second["id"]]
+        # Its heartbeat is refused too.
+        assert (
+            await db.fetch_all(
+                c,
+                "extend_leases",
+                {"work_id": [second["id"]], "lease_no": [1], "lease": timedelta(seconds=60)},
+            )
+            == []
+        )
+        # The current holder's outcome is accepted.
+        assert await db.fetch_all(c, "record_outcomes", outcome(2, "delivered")) == []
+    (w,) = await work(conn)
+    assert (w["status"], w["lease"]) == ("delivered", 2)
+    ledger = await rows(conn, "SELECT lease, outcome, error FROM pgwork.attempt ORDER BY lease")
+    assert [(x["lease"], x["outcome"]) for x in ledger] == [(1, "fenced"), (2, "delivered")]
+    assert ledger[0]["error"].startswith("late outcome failed")
+
+
+async def test_concurrency_limit_per_channel(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    live = 0
+    peak = 0
+
+    async def slow(d: Delivery) -> None:
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        await anyio.sleep(0.1)
+        live -= 1
+
+    sink.DEFAULT.append(slow)
+    for i in range(12):
+        await add(conn, f"k{i}")
+    async with running(config(python_channel(concurrency=3)), dsn):
+        await until(lambda: _eq(conn, 12), what="12 delivered")
+    assert peak == 3
+
+
+async def test_a_stuck_channel_does_not_starve_another(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    stuck = anyio.Event()
+
+    async def hang(d: Delivery) -> None:
+        await stuck.wait()
+
+    sink.DEFAULT.append(hang)
+    await conn.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('other', 'python')")
+    for i in range(5):
+        await add(conn, f"stuck{i}", channel="test")
+
+    async def fine(d: Delivery) -> None:
+        return None
+
+    for i in range(5):
+        await add(conn, f"fine{i}", channel="other")
+        sink.BEHAVIOUR[f"fine{i}"] = fine
+    cfg = config(python_channel("test", concurrency=2), python_channel("other", concurrency=2))
+    async with running(cfg, dsn):
+        await until(lambda: _eq(conn, 5), what="the other channel's five")
+        assert await count(conn, "channel = 'test' AND status = 'delivered'") == 0
+        stuck.set()
+
+
+async def test_graceful_stop_finishes_in_flight(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    started = anyio.Event()
+
+    async def slow(d: Delivery) -> None:
+        started.set()
+        await anyio.sleep(0.3)
+
+    sink.DEFAULT.append(slow)
+    await add(conn, "k")
+    async with running(config(shutdown_grace=5), dsn):
+        await started.wait()
+    # Stopped while the delivery ran: it was allowed to finish and its outcome was written.
+    (w,) = await work(conn)
+    assert w["status"] == "delivered"
+
+
+async def test_stop_past_grace_releases_without_counting(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    started = anyio.Event()
+
+    async def forever(d: Delivery) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    sink.DEFAULT.append(forever)
+    await add(conn, "k")
+    async with running(config(shutdown_grace=0.3), dsn):
+        await started.wait()
+    (w,) = await work(conn)
+    assert (w["status"], w["attempts"], w["lease"]) == ("ready", 0, 1)
+    ledger = await rows(conn, "SELECT outcome FROM pgwork.attempt")
+    assert ledger == [{"outcome": "released"}]
+
+
+async def test_second_stop_request_cancels_at_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    started = anyio.Event()
+
+    async def forever(d: Delivery) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    sink.DEFAULT.append(forever)
+    await add(conn, "k")
+    d = Daemon(config(shutdown_grace=60), dsn)
+    with anyio.fail_after(10):  # far less than the 60 s grace
+        async with anyio.create_task_group() as tg:
+            await tg.start(d.run)
+            await started.wait()
+            d.request_stop()
+            await anyio.sleep(0.2)
+            d.request_stop()
+    assert [x["status"] for x in await work(conn)] == ["ready"]
+
+
+async def test_python_channel_target_errors_name_the_option(dsn: str) -> None:
+    from pgwork.channels import make_channel
+    from pgwork.config import ChannelConfig
+
+    for target, message in [
+        ("tests.nope:deliver", "cannot import module 'tests.nope'"),
+        ("tests.sink:missing", "has no attribute 'missing'"),
+        ("tests.sink:not_async", "is not an async function"),
+    ]:
+        with pytest.raises(ConfigError, match=r"channels\.py\.target: .*" + message.split("'")[0]):
+            make_channel(ChannelConfig(name="py", kind="python", target=target))
