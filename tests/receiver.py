@@ -80,7 +80,12 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(ans.body)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A client that went away (killed daemon, timeout) is part of these tests.
+                return
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -1,0 +1,297 @@
+"""Real daemon processes, real signals: the failure matrix from the brief.
+
+Every process a test starts is killed at teardown, even when the test fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from .helpers import add, count, rows, until, work
+from .receiver import Answer, Receiver, Request
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toml(*, channel: str, lease: str = "2s", grace: str = "5s", extra: str = "") -> str:
+    return f"""
+[materialiser]
+tick = "500ms"
+lookahead = "0s"
+[worker]
+lease = "{lease}"
+claim_batch = 20
+[daemon]
+shutdown_grace = "{grace}"
+[metrics]
+enabled = false
+[log]
+format = "json"
+level = "debug"
+{channel}
+{extra}
+"""
+
+
+def hook(url: str, **kw: Any) -> str:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in kw.items())
+    return f'[channels.hook]\nkind = "webhook"\nurl = "{url}"\nbackoff_base = "50ms"\nbackoff_cap = "200ms"\n{extra}'
+
+
+class DaemonProcess:
+    def __init__(
+        self, dsn: str, workdir: Path, config: str, name: str, env: dict[str, str] | None = None
+    ) -> None:
+        self.cfg = workdir / f"{name}.toml"
+        self.cfg.write_text(config)
+        self.log = workdir / f"{name}.log"
+        self._out = self.log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pgwork", "--config", str(self.cfg), "run"],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env={**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT), **(env or {})},
+        )
+
+    def lines(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(e.get("event") == "pgwork running" for e in self.lines()):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"daemon exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"daemon not ready:\n{self.log.read_text()[-3000:]}")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 20) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._out.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Any]:
+    started: list[DaemonProcess] = []
+
+    def start(
+        dsn: str, config: str, env: dict[str, str] | None = None, ready: bool = True
+    ) -> DaemonProcess:
+        p = DaemonProcess(dsn, tmp_path, config, f"d{len(started)}", env)
+        started.append(p)
+        if ready:
+            p.wait_ready()
+        return p
+
+    yield start
+    for p in started:
+        if p.proc.poll() is None:
+            p.proc.send_signal(signal.SIGCONT)
+        p.kill()
+
+
+async def _delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status = 'delivered'") == n
+
+
+async def test_end_to_end_run_then_sigterm_exits_0(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    with Receiver() as receiver:
+        d = procs(dsn, toml(channel=hook(receiver.url)))
+        await add(conn, "now", channel="hook")
+        await add(conn, "soon", "now() + interval '1 second'", channel="hook")
+        await until(lambda: _delivered(conn, 2), what="both delivered")
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0
+    assert sorted(r.body["business_key"] for r in receiver.requests) == ["now", "soon"]
+    events = [e.get("event") for e in d.lines()]
+    assert "pgwork stopped" in events
+
+
+async def test_sigkill_after_send_retries_with_the_same_key(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    hold = threading.Event()
+
+    def script(r: Request) -> Answer:
+        return Answer(hold=hold) if r.n == 1 else Answer()
+
+    with Receiver(script) as receiver:
+        first = procs(dsn, toml(channel=hook(receiver.url), lease="1s"))
+        await add(conn, "k", channel="hook")
+        receiver.wait_for(1)  # sent...
+        first.signal(signal.SIGKILL)  # ...and the worker dies before recording anything
+        assert first.wait() == -signal.SIGKILL
+        hold.set()
+        procs(dsn, toml(channel=hook(receiver.url), lease="1s"))
+        await until(lambda: _delivered(conn, 1), what="delivered by the second daemon")
+        assert list(receiver.keys().values()) == [2]  # same key twice: one logical send
+    ledger = await rows(conn, "SELECT lease, outcome FROM pgwork.attempt ORDER BY lease")
+    assert [(x["lease"], x["outcome"]) for x in ledger] == [(1, "lease_expired"), (2, "delivered")]
+
+
+async def test_worker_paused_past_its_lease_is_fenced(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    hold = threading.Event()
+
+    def script(r: Request) -> Answer:
+        return Answer(hold=hold) if r.n == 1 else Answer()
+
+    with Receiver(script) as receiver:
+        zombie = procs(dsn, toml(channel=hook(receiver.url, read_timeout="30s"), lease="1s"))
+        await add(conn, "k", channel="hook")
+        receiver.wait_for(1)
+        zombie.signal(signal.SIGSTOP)  # paused mid-delivery, past its lease
+        procs(dsn, toml(channel=hook(receiver.url), lease="1s"))
+        await until(lambda: _delivered(conn, 1), what="delivered by the second daemon")
+        hold.set()  # the zombie's request now succeeds too...
+        zombie.signal(signal.SIGCONT)
+        await until(lambda: _fenced_logged(zombie), what="the zombie's late outcome refused")
+    (w,) = await work(conn)
+    assert (w["status"], w["lease"]) == ("delivered", 2)
+    ledger = await rows(conn, "SELECT lease, outcome, error FROM pgwork.attempt ORDER BY lease")
+    assert [(x["lease"], x["outcome"]) for x in ledger] == [(1, "fenced"), (2, "delivered")]
+    assert ledger[0]["error"].startswith("late outcome delivered")
+
+
+async def _fenced_logged(p: DaemonProcess) -> bool:
+    return any(
+        e.get("event") == "late outcome refused: the lease passed to another worker"
+        for e in p.lines()
+    )
+
+
+async def test_workers_down_while_ticks_continue_then_drain(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    # A daemon without the hook channel keeps materialising; nobody delivers hook work.
+    ticker = procs(dsn, toml(channel='[channels.log]\nkind = "log"'))
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 's', 'k' || g, now(), 'hook', 'r' FROM generate_series(1, 50) g"
+    )
+    await until(lambda: _ready(conn, 50), what="50 ready rows")
+    with Receiver() as receiver:
+        procs(dsn, toml(channel=hook(receiver.url)))
+        await until(lambda: _delivered(conn, 50), what="drained")
+        assert len(receiver.keys()) == 50
+    ticker.signal(signal.SIGTERM)
+    assert ticker.wait() == 0
+
+
+async def _ready(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status = 'ready'") == n
+
+
+async def test_worker_exiting_mid_batch_loses_nothing(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any, tmp_path: Path
+) -> None:
+    channel = '[channels.test]\nkind = "python"\ntarget = "tests.crashy:deliver"\nconcurrency = 8\n'
+    with Receiver() as receiver:
+        env = {
+            "PGWORK_TEST_RECEIVER": receiver.url,
+            "PGWORK_TEST_MARKER": str(tmp_path / "crashed"),
+        }
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 's', CASE WHEN g = 5 THEN 'crash' ELSE 'k' || g END, now(), 'test', 'r' "
+            "FROM generate_series(1, 40) g"
+        )
+        first = procs(dsn, toml(channel=channel, lease="1s"), env=env, ready=False)
+        assert first.wait(30) == 3  # died mid-batch with claims held
+        procs(dsn, toml(channel=channel, lease="1s"), env=env)
+        await until(lambda: _delivered(conn, 40), what="all 40 delivered")
+        keys = receiver.keys()
+    assert len(keys) == 40  # every occurrence reached the receiver, 'crash' on its second attempt
+    reclaimed = await rows(
+        conn, "SELECT count(*) AS n FROM pgwork.attempt WHERE outcome = 'lease_expired'"
+    )
+    assert reclaimed[0]["n"] >= 1
+
+
+async def test_several_daemon_processes_deliver_each_key_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    with Receiver() as receiver:
+        for _ in range(3):
+            procs(dsn, toml(channel=hook(receiver.url, concurrency=4)))
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 's', 'k' || g, now(), 'hook', 'r' FROM generate_series(1, 600) g"
+        )
+        await until(lambda: _delivered(conn, 600), timeout=60, what="600 delivered")
+        keys = receiver.keys()
+    assert len(keys) == 600 and set(keys.values()) == {1}
+    per = await rows(
+        conn,
+        "SELECT count(DISTINCT daemon_id) AS daemons, max(lease) AS leases FROM pgwork.attempt",
+    )
+    assert per[0]["leases"] == 1  # no row was claimed twice
+    assert per[0]["daemons"] >= 2
+
+
+async def test_sigterm_with_deliveries_in_flight(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    # Grace shorter than the receiver's answer: deliveries are cancelled, leases released.
+    with Receiver(lambda r: Answer(delay=4.0)) as receiver:
+        d = procs(
+            dsn, toml(channel=hook(receiver.url, read_timeout="30s"), grace="500ms", lease="60s")
+        )
+        for i in range(5):
+            await add(conn, f"k{i}", channel="hook")
+        receiver.wait_for(5)
+        t0 = time.monotonic()
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0
+        assert time.monotonic() - t0 < 4.0  # within grace, not after the receiver answered
+    got = await work(conn)
+    assert [(x["status"], x["attempts"]) for x in got] == [("ready", 0)] * 5
+    ledger = await rows(conn, "SELECT outcome, count(*) AS n FROM pgwork.attempt GROUP BY outcome")
+    assert ledger == [{"outcome": "released", "n": 5}]
+
+
+async def test_sigterm_lets_short_deliveries_finish(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    with Receiver(lambda r: Answer(delay=1.0)) as receiver:
+        d = procs(dsn, toml(channel=hook(receiver.url), grace="10s"))
+        for i in range(3):
+            await add(conn, f"k{i}", channel="hook")
+        receiver.wait_for(3)
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0
+    assert [x["status"] for x in await work(conn)] == ["delivered"] * 3

@@ -1,0 +1,230 @@
+"""The webhook contract against a real HTTP receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgwork.channels import parse_retry_after
+
+from .helpers import add, config, count, rows, running, until, webhook_channel, work
+from .receiver import Answer, Receiver, Request
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with Receiver() as r:
+        yield r
+
+
+async def _delivered(conn: psycopg.AsyncConnection[Any], n: int = 1) -> bool:
+    return await count(conn, "status = 'delivered'") == n
+
+
+async def test_request_document_and_idempotency_key(
+    dsn: str, conn: psycopg.AsyncConnection[Any], receiver: Receiver
+) -> None:
+    await add(
+        conn,
+        "lease:42",
+        channel="hook",
+        recipient="tenant@example.com",
+        payload='{"unit": 7}',
+        before="{0}",
+        source="lease-renewal",
+    )
+    async with running(
+        config(webhook_channel(receiver.url, headers={"Authorization": "Bearer s3cr3t"})), dsn
+    ):
+        await until(lambda: _delivered(conn), what="delivered")
+    (req,) = receiver.requests
+    (w,) = await work(conn)
+    assert req.key == str(w["operation_id"])
+    assert req.headers["Authorization"] == "Bearer s3cr3t"
+    assert req.headers["Content-Type"] == "application/json"
+    body = req.body
+    assert body["operation_id"] == req.key
+    assert (
+        body["source"],
+        body["business_key"],
+        body["recipient"],
+        body["payload"],
+        body["attempt"],
+    ) == ("lease-renewal", "lease:42", "tenant@example.com", {"unit": 7}, 1)
+    assert body["channel"] == "hook" and body["occurrence_seconds"] == 0
+    assert {"deadline", "due_at"} <= set(body)
+    ledger = await rows(conn, "SELECT outcome, http_status, receipt FROM pgwork.attempt")
+    assert ledger == [
+        {
+            "outcome": "delivered",
+            "http_status": 200,
+            "receipt": {"http_status": 200, "body": {"ok": True}},
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("first", "ledger_first", "final"),
+    [
+        (Answer(status=500, body=b"oops"), "retry", "delivered"),
+        (Answer(status=502), "retry", "delivered"),
+        (Answer(status=503), "retry", "delivered"),
+        (Answer(drop=True), "retry", "delivered"),  # sent, but the answer was lost
+        (Answer(garbage=True), "retry", "delivered"),  # the receiver answers garbage
+        (Answer(delay=3.0), "retry", "delivered"),  # slower than the read timeout
+    ],
+    ids=["500", "502", "503", "dropped", "garbage", "timeout"],
+)
+async def test_transient_failures_retry_with_the_same_key(
+    dsn: str, conn: psycopg.AsyncConnection[Any], first: Answer, ledger_first: str, final: str
+) -> None:
+    with Receiver(lambda r: first if r.n == 1 else Answer()) as receiver:
+        await add(conn, "k", channel="hook")
+        async with running(config(webhook_channel(receiver.url, read_timeout=1.0)), dsn):
+            await until(lambda: _delivered(conn), what="delivered")
+        keys = receiver.keys()
+    assert list(keys.values()) == [2]  # two requests, one key: one logical send
+    ledger = await rows(conn, "SELECT outcome FROM pgwork.attempt ORDER BY lease")
+    assert [x["outcome"] for x in ledger] == [ledger_first, final]
+
+
+async def test_409_means_already_delivered(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    with Receiver(lambda r: Answer(status=409)) as receiver:
+        await add(conn, "k", channel="hook")
+        async with running(config(webhook_channel(receiver.url)), dsn) as d:
+            await until(lambda: _delivered(conn), what="delivered")
+            assert (
+                d.metrics.registry.get_sample_value(
+                    "pgwork_duplicates_suppressed_total", {"channel": "hook"}
+                )
+                == 1
+            )
+    ledger = await rows(conn, "SELECT outcome, http_status FROM pgwork.attempt")
+    assert ledger == [{"outcome": "duplicate", "http_status": 409}]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_retry_after_is_honoured(
+    dsn: str, conn: psycopg.AsyncConnection[Any], status: int
+) -> None:
+    def script(r: Request) -> Answer:
+        return Answer(status=status, headers={"Retry-After": "2"}) if r.n == 1 else Answer()
+
+    with Receiver(script) as receiver:
+        await add(conn, "k", channel="hook")
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await until(lambda: _delivered(conn), what="delivered")
+        first, second = receiver.requests
+    # The channel's own backoff is at most 0.2 s here: only Retry-After explains the wait.
+    assert second.at - first.at >= 1.95
+
+
+async def test_4xx_dead_letters_with_reason_then_redrive_delivers_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    fixed = threading.Event()
+
+    def script(r: Request) -> Answer:
+        return (
+            Answer() if fixed.is_set() else Answer(status=400, body=b'{"error": "bad recipient"}')
+        )
+
+    with Receiver(script) as receiver:
+        await add(conn, "k", channel="hook")
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await until(lambda: _dead(conn), what="dead letter")
+            (w,) = await work(conn)
+            assert w["dead_reason"].startswith("permanent failure: HTTP 400")
+            assert "bad recipient" in w["dead_reason"]
+            fixed.set()
+            from pgwork.cli import main
+
+            assert await _run_cli(main, ["dlq", "redrive", str(w["id"])], dsn) == 0
+            await until(lambda: _delivered(conn), what="delivered after redrive")
+        assert list(receiver.keys().values()) == [2]
+    ledger = await rows(conn, "SELECT outcome, http_status FROM pgwork.attempt ORDER BY lease")
+    assert [(x["outcome"], x["http_status"]) for x in ledger] == [
+        ("failed", 400),
+        ("delivered", 200),
+    ]
+
+
+async def _dead(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return await count(conn, "status = 'dead'") == 1
+
+
+async def _run_cli(main: Any, argv: list[str], dsn: str) -> int:
+    import os
+
+    import anyio
+
+    old = os.environ.get("PGWORK_DSN")
+    os.environ["PGWORK_DSN"] = dsn
+    try:
+        return int(await anyio.to_thread.run_sync(main, argv))
+    finally:
+        if old is None:
+            del os.environ["PGWORK_DSN"]
+        else:
+            os.environ["PGWORK_DSN"] = old
+
+
+async def test_redirects_and_other_4xx_are_permanent(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    with Receiver(
+        lambda r: Answer(status=302, headers={"Location": "http://127.0.0.1:1/"})
+    ) as receiver:
+        await add(conn, "k", channel="hook")
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await until(lambda: _dead(conn), what="dead letter")
+    assert len(receiver.requests) == 1
+
+
+async def test_connection_refused_retries(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    await add(conn, "k", channel="hook")
+    async with running(config(webhook_channel(f"http://127.0.0.1:{port}/", max_attempts=2)), dsn):
+        await until(lambda: _dead(conn), what="dead after 2 attempts")
+    ledger = await rows(conn, "SELECT outcome, error_class FROM pgwork.attempt ORDER BY lease")
+    assert [x["error_class"] for x in ledger] == ["ConnectError", "ConnectError"]
+
+
+async def test_secrets_never_logged(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with Receiver(lambda r: Answer(status=500, body=b"no") if r.n == 1 else Answer()) as receiver:
+        await add(conn, "k", channel="hook")
+        async with running(
+            config(webhook_channel(receiver.url, headers={"Authorization": "Bearer TOPSECRET"})),
+            dsn,
+        ):
+            await until(lambda: _delivered(conn), what="delivered")
+    from pgwork.logs import JsonFormatter
+
+    text = "\n".join(JsonFormatter().format(r) for r in caplog.records)
+    assert "attempt retry" in text  # the logs are there...
+    assert "TOPSECRET" not in text  # ...and the secret is not
+
+
+def test_parse_retry_after() -> None:
+    from datetime import UTC, datetime
+
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("120", now) == 120
+    assert parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now) == 30
+    assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now) == 0
+    assert parse_retry_after("soon", now) is None
+    assert parse_retry_after(None, now) is None
