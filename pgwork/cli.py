@@ -430,31 +430,42 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 }
 
 
+def _leaf(e: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups, as task groups raise."""
+    while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    return e
+
+
+def _explain(e: BaseException) -> tuple[str, int] | None:
+    """A one-line message and exit status for errors an operator can act on; None for bugs."""
+    if isinstance(e, ConfigError):
+        return f"configuration error: {e}", 2
+    if isinstance(e, db.SchemaError):
+        return str(e), 2
+    if isinstance(e, CliError):
+        return str(e), e.code
+    if isinstance(e, EmbeddedError):
+        return f"embedded postgres: {e}", 3
+    if isinstance(e, psycopg.Error):
+        return f"database error: {db.redact(str(e)).strip().splitlines()[0]}", 3
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load(args.config)
         logs.setup(cfg.log_format, cfg.log_level, cfg.log_redact)
         return COMMANDS[args.cmd](args, cfg)
-    except ConfigError as e:
-        print(f"pgwork: configuration error: {e}", file=sys.stderr)
-        return 2
-    except db.SchemaError as e:
-        print(f"pgwork: {e}", file=sys.stderr)
-        return 2
-    except CliError as e:
-        print(f"pgwork: {e}", file=sys.stderr)
-        return e.code
-    except EmbeddedError as e:
-        print(f"pgwork: embedded postgres: {e}", file=sys.stderr)
-        return 3
-    except psycopg.Error as e:
-        print(
-            f"pgwork: database error: {db.redact(str(e)).strip().splitlines()[0]}", file=sys.stderr
-        )
-        return 3
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        explained = _explain(_leaf(e))
+        if explained is None:
+            raise
+        print(f"pgwork: {explained[0]}", file=sys.stderr)
+        return explained[1]
 
 
 if __name__ == "__main__":

@@ -73,9 +73,11 @@ class Daemon:
 
     # -- startup ---------------------------------------------------------------------------
 
-    async def _wait_for_database(self) -> None:
+    async def _wait_for_database(self) -> bool:
+        """Wait until the database answers (retrying with backoff, logging each failure) and
+        check its schema. Returns False when a stop was requested meanwhile."""
         backoff = Backoff()
-        while True:
+        while not self._stop_requested:
             try:
                 conn = await db.connect(self.dsn, timeout=self.cfg.connect_timeout)
             except Exception as e:
@@ -87,13 +89,15 @@ class Daemon:
                     db.redact(str(e)).strip(),
                     extra={"error_class": type(e).__name__},
                 )
-                await anyio.sleep(delay)
+                with anyio.move_on_after(delay):
+                    await self._stop_level(1)
                 continue
             try:
                 await db.check_schema(conn)
             finally:
                 await conn.close()
-            return
+            return True
+        return False
 
     async def _prepare(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
         names = list(self.cfg.channels)
@@ -114,7 +118,9 @@ class Daemon:
     # -- run -------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await self._wait_for_database()
+        if not await self._wait_for_database():
+            task_status.started()
+            return
         channels: dict[str, Channel] = {
             name: make_channel(c) for name, c in self.cfg.channels.items()
         }

@@ -402,3 +402,19 @@ async def test_python_channel_target_errors_name_the_option(dsn: str) -> None:
     ]:
         with pytest.raises(ConfigError, match=r"channels\.py\.target: .*" + message.split("'")[0]):
             make_channel(ChannelConfig(name="py", kind="python", target=target))
+
+
+async def test_heartbeat_keeps_a_slow_live_delivery_from_being_raced(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async def slow(d: Delivery) -> None:
+        await anyio.sleep(2.5)  # 2.5 leases
+
+    sink.DEFAULT.append(slow)
+    await add(conn, "k")
+    cfg = config(lease=1.0, tick=0.2, shutdown_grace=5)
+    async with running(cfg, dsn), running(cfg, dsn):
+        await until(lambda: _eq(conn, 1), what="delivered")
+    assert len(sink.DELIVERED) == 1
+    ledger = await rows(conn, "SELECT lease, outcome FROM pgwork.attempt")
+    assert ledger == [{"lease": 1, "outcome": "delivered"}]

@@ -1,0 +1,136 @@
+"""The `pgwork` command as an operator uses it: real processes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgwork import __version__
+
+from .helpers import add, materialise, rows
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pgwork(
+    *args: str, dsn: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    if dsn is not None:
+        e["PGWORK_DSN"] = dsn
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pgwork", *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_version_and_help_for_every_command() -> None:
+    assert pgwork("--version").stdout.strip() == f"pgwork {__version__}"
+    for cmd in (
+        ["run"],
+        ["migrate"],
+        ["psql"],
+        ["status"],
+        ["dlq"],
+        ["dlq", "list"],
+        ["dlq", "show"],
+        ["dlq", "redrive"],
+    ):
+        r = pgwork(*cmd, "--help")
+        assert r.returncode == 0 and "usage: pgwork" in r.stdout, cmd
+
+
+def test_wrong_flag_is_one_line() -> None:
+    r = pgwork("status", "--colour")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "unrecognized arguments: --colour" in r.stderr
+
+
+def test_wrong_config_value_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[worker]\nlease = "long"\n')
+    r = pgwork("--config", str(cfg), "status", dsn="host=127.0.0.1 port=1")
+    assert r.returncode == 2
+    assert (
+        r.stderr.strip() == "pgwork: configuration error: worker.lease: not a duration: 'long' "
+        "(write e.g. '250ms', '5s', '10m', '1h', '2d') (got 'long')"
+    )
+
+
+def test_unreachable_database_is_one_line_without_password() -> None:
+    r = pgwork("status", dsn="postgresql://app:hunter2@127.0.0.1:1/db")
+    assert r.returncode == 3
+    assert (
+        r.stderr.count("\n") == 1
+        and "cannot connect to the database (app@127.0.0.1:1/db)" in r.stderr
+    )
+    assert "hunter2" not in r.stderr + r.stdout
+
+
+async def test_migrate_then_run_refusals(empty_dsn: str) -> None:
+    r = pgwork("run", dsn=empty_dsn)
+    assert (r.returncode, r.stderr.strip()) == (
+        2,
+        "pgwork: this database has no pgwork schema: run `pgwork migrate` first",
+    )
+    assert "installed pgwork schema version 1" in pgwork("migrate", dsn=empty_dsn).stdout
+    assert "already at version 1" in pgwork("migrate", dsn=empty_dsn).stdout
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        await c.execute("UPDATE pgwork.schema_version SET version = 99")
+    r = pgwork("run", dsn=empty_dsn)
+    assert r.returncode == 2 and "newer than this pgwork" in r.stderr
+    r = pgwork("migrate", dsn=empty_dsn)
+    assert r.returncode == 2 and "refusing to touch it" in r.stderr
+
+
+async def test_status_and_dlq_commands(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    await add(conn, "dead-one", "now() - interval '1 hour'", channel="log")
+    await add(conn, "waiting", "now() - interval '1 minute'", channel="log")
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), attempts = 3, lease = 3, "
+        "dead_reason = 'permanent failure: HTTP 400' WHERE business_key = 'dead-one'"
+    )
+    st = pgwork("status", "--json", dsn=dsn)
+    assert st.returncode == 0, st.stderr
+    doc = json.loads(st.stdout)
+    assert doc["dead_letters"] == 1 and doc["lag"]["lag_seconds"] >= 60
+    assert pgwork("status", "--max-lag", "10s", dsn=dsn).returncode == 1
+    assert pgwork("status", "--max-lag", "1d", dsn=dsn).returncode == 0
+    assert "lag:" in pgwork("status", dsn=dsn).stdout
+
+    listed = json.loads(pgwork("dlq", "list", "--json", dsn=dsn).stdout)
+    assert [x["business_key"] for x in listed] == ["dead-one"]
+    assert json.loads(pgwork("dlq", "list", "--json", "--channel", "other", dsn=dsn).stdout) == []
+    wid = listed[0]["id"]
+    shown = json.loads(pgwork("dlq", "show", str(wid), "--json", dsn=dsn).stdout)
+    assert shown["work"]["dead_reason"] == "permanent failure: HTTP 400"
+    assert pgwork("dlq", "show", "999999", dsn=dsn).returncode == 1
+
+    waiting = (
+        await rows(conn, "SELECT id FROM pgwork.renewal_work WHERE business_key = 'waiting'")
+    )[0]["id"]
+    r = pgwork("dlq", "redrive", str(waiting), dsn=dsn)
+    assert r.returncode == 1 and f"work {waiting} is not a dead letter" in r.stderr
+    r = pgwork("dlq", "redrive", str(wid), dsn=dsn)
+    assert r.returncode == 0 and "redrove 1 dead letters" in r.stdout
+    (w,) = await rows(
+        conn,
+        "SELECT status, attempts_base, redriven_by FROM pgwork.renewal_work WHERE id = %s",
+        (wid,),
+    )
+    assert (w["status"], w["attempts_base"]) == ("ready", 3) and "@" in w["redriven_by"]
+    assert pgwork("dlq", "redrive", dsn=dsn).returncode == 2

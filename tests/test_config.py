@@ -1,0 +1,121 @@
+"""Configuration: defaults, TOML, environment overrides, and errors that name the option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pgwork.config import ConfigError, load
+from pgwork.durations import parse_duration
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "pgwork.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_without_a_file() -> None:
+    cfg = load(None, env={})
+    assert (cfg.dsn, cfg.tick, cfg.lookahead, cfg.lease) == (None, 5.0, 300.0, 60.0)
+    assert list(cfg.channels) == ["log"]
+
+
+def test_file_and_environment_overrides(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        """
+[materialiser]
+tick = "2s"
+lookahead = "10m"
+[worker]
+lease = "1m30s"
+[channels.hooks]
+kind = "webhook"
+url = "https://example.com/hook"
+headers = { Authorization = "env:HOOK_TOKEN" }
+max_attempts = 3
+backoff_base = "500ms"
+""",
+    )
+    cfg = load(
+        p,
+        env={
+            "PGWORK_MATERIALISER_TICK": "250ms",
+            "PGWORK_DSN": "host=db",
+            "HOOK_TOKEN": "Bearer x",
+        },
+    )
+    assert (cfg.tick, cfg.lookahead, cfg.lease, cfg.dsn) == (0.25, 600.0, 90.0, "host=db")
+    ch = cfg.channels["hooks"]
+    assert (ch.kind, ch.retry.max_attempts, ch.retry.base, ch.headers["Authorization"]) == (
+        "webhook",
+        3,
+        0.5,
+        "Bearer x",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ('[materialiser]\ntick = "soon"', {}, "materialiser.tick: not a duration"),
+        ("[materialiser]\ntick = 5", {}, "materialiser.tick: expected a duration"),
+        ('[materialiser]\ntick = "0s"', {}, "materialiser.tick: must be between"),
+        ('[materialiser]\ntik = "1s"', {}, "materialiser.tik: unknown option"),
+        ('[materialist]\ntick = "1s"', {}, "materialist: unknown section"),
+        ('[worker]\nclaim_batch = "many"', {}, "worker.claim_batch: invalid literal"),
+        ('[log]\nformat = "xml"', {}, "log.format: must be one of auto, json, text"),
+        ("", {"PGWORK_WORKER_LEASE": "forever"}, "worker.lease (from PGWORK_WORKER_LEASE)"),
+        (
+            '[channels.x]\nkind = "pigeon"',
+            {},
+            "channels.x.kind: must be one of log, webhook, python",
+        ),
+        ('[channels.x]\nkind = "webhook"', {}, "channels.x.url: a webhook channel needs"),
+        ('[channels.x]\nkind = "webhook"\nurl = "ftp://h"', {}, "channels.x.url"),
+        (
+            '[channels.x]\nkind = "python"\ntarget = "nocolon"',
+            {},
+            "channels.x.target: a python channel needs",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nconcurrency = 0',
+            {},
+            "channels.x.concurrency: must be between",
+        ),
+        ('[channels.x]\nkind = "log"\ncolour = "red"', {}, "channels.x.colour: unknown option"),
+        ('[channels.Bad]\nkind = "log"', {}, "channels.Bad: channel names"),
+        (
+            '[channels.x]\nkind = "webhook"\nurl = "http://h"\nheaders = { A = "env:NOPE" }',
+            {},
+            "channels.x.headers.A: environment variable NOPE is not set",
+        ),
+        ("this is = not toml [", {}, "is not valid TOML"),
+    ],
+)
+def test_wrong_values_name_the_option(
+    tmp_path: Path, text: str, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, text), env=env)
+    assert message in str(info.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load("/nonexistent/pgwork.toml", env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("250ms", 0.25), ("5s", 5), ("10m", 600), ("1h30m", 5400), ("2d", 172800)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "5 parsecs", "s5", "1h 2x"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)

@@ -1,0 +1,105 @@
+"""The database goes away and comes back: the daemon logs, retries, reconnects, re-listens and
+loses nothing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgwork.daemon import Daemon
+
+from . import sink
+from .helpers import add, config, count, running, until
+from .proxy import Proxy
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _sink() -> Iterator[None]:
+    sink.reset()
+    yield
+    sink.reset()
+
+
+def _via(dsn: str, proxy: Proxy) -> str:
+    return make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port))
+
+
+async def _delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status = 'delivered'") == n
+
+
+async def test_outage_mid_run_then_recovery(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    d = conninfo_to_dict(dsn)
+    with Proxy(str(d["host"]), int(d["port"])) as proxy:
+        async with running(config(tick=0.3, connect_timeout=1.0), _via(dsn, proxy)) as daemon:
+            await add(conn, "before")
+            await until(lambda: _delivered(conn, 1), what="first delivery")
+            proxy.cut()
+            for i in range(20):  # written by another app while pgwork cannot reach the database
+                await add(conn, f"during{i}")
+            await until(
+                lambda: anyio.to_thread.run_sync(lambda: _failed(caplog)), what="failures logged"
+            )
+            assert daemon.metrics.registry.get_sample_value("pgwork_listener_up") == 0
+            proxy.restore()
+            await until(
+                lambda: _delivered(conn, 21), timeout=30, what="all delivered after recovery"
+            )
+            await until(lambda: _listener_up(daemon), what="listener back")
+    assert len({x.operation_id for x in sink.DELIVERED}) == 21
+
+
+def _failed(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("pass failed" in r.getMessage() for r in caplog.records)
+
+
+async def _listener_up(d: Daemon) -> bool:
+    return d.metrics.registry.get_sample_value("pgwork_listener_up") == 1
+
+
+async def test_unreachable_at_startup_retries_then_runs(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    d = conninfo_to_dict(dsn)
+    proxy = Proxy(str(d["host"]), int(d["port"]))  # not started: connections are refused
+    await add(conn, "k")
+    daemon = Daemon(config(connect_timeout=1.0), _via(dsn, proxy))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(daemon.run)
+            await until(
+                lambda: _unreachable(caplog, 2), what="two failed connection attempts logged"
+            )
+            proxy.start()
+            await until(lambda: _delivered(conn, 1), timeout=30, what="delivered once reachable")
+            daemon.request_stop()
+    finally:
+        proxy.cut()
+    msgs = [r.getMessage() for r in caplog.records if "database unreachable" in r.getMessage()]
+    assert "postgres@127.0.0.1" in msgs[0]  # says where, never with a password
+
+
+async def _unreachable(caplog: pytest.LogCaptureFixture, n: int) -> bool:
+    return sum("database unreachable" in r.getMessage() for r in caplog.records) >= n
+
+
+async def test_stop_while_database_unreachable(dsn: str) -> None:
+    proxy = Proxy("127.0.0.1", 1)
+    daemon = Daemon(config(connect_timeout=1.0), _via(dsn, proxy))
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(daemon.run)
+            await anyio.sleep(0.5)
+            daemon.request_stop()
