@@ -41,7 +41,7 @@ async def test_outage_mid_run_then_recovery(
 ) -> None:
     caplog.set_level(logging.INFO)
     d = conninfo_to_dict(dsn)
-    with Proxy(str(d["host"]), int(d["port"])) as proxy:
+    with Proxy(str(d["host"]), int(str(d["port"]))) as proxy:
         async with running(config(tick=0.3, connect_timeout=1.0), _via(dsn, proxy)) as daemon:
             await add(conn, "before")
             await until(lambda: _delivered(conn, 1), what="first delivery")
@@ -73,7 +73,7 @@ async def test_unreachable_at_startup_retries_then_runs(
 ) -> None:
     caplog.set_level(logging.INFO)
     d = conninfo_to_dict(dsn)
-    proxy = Proxy(str(d["host"]), int(d["port"]))  # not started: connections are refused
+    proxy = Proxy(str(d["host"]), int(str(d["port"])))  # not started: connections are refused
     await add(conn, "k")
     daemon = Daemon(config(connect_timeout=1.0), _via(dsn, proxy))
     try:
