@@ -24,7 +24,8 @@ class Proxy:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind(("127.0.0.1", self.port))
         ls.listen(64)
-        self._listener = ls
+        with self._lock:
+            self._listener = ls
         self._thread = threading.Thread(target=self._accept, args=(ls,), daemon=True)
         self._thread.start()
 
@@ -40,6 +41,10 @@ class Proxy:
                 client.close()
                 continue
             with self._lock:
+                if self._listener is not ls:  # cut while this one was being set up
+                    client.close()
+                    server.close()
+                    continue
                 self._conns += [client, server]
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
@@ -58,10 +63,10 @@ class Proxy:
 
     def cut(self) -> None:
         """Refuse new connections and break every open one."""
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
         with self._lock:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
             conns, self._conns = self._conns, []
         for s in conns:
             with contextlib.suppress(OSError):
