@@ -21,12 +21,16 @@ INSERT INTO pgwork.schema_version (version) VALUES (1);
 CREATE TABLE pgwork.config (
     singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     notify_horizon interval NOT NULL DEFAULT '5 minutes'
-        CHECK (notify_horizon >= '0' AND notify_horizon <= '1 day')
+        CHECK (notify_horizon >= '0' AND notify_horizon <= '1 day'),
+    retention_paused boolean NOT NULL DEFAULT false
 );
 COMMENT ON TABLE pgwork.config IS 'Settings the database itself needs (the triggers read them).';
 COMMENT ON COLUMN pgwork.config.notify_horizon IS
     'A write NOTIFYs the daemons only when a reminder fires within this interval from now. '
     'Daemons raise it to their look-ahead at start; farther writes are found by the timed tick.';
+COMMENT ON COLUMN pgwork.config.retention_paused IS
+    'Pauses every retention duty (in daemons and `pgwork cleanup`) at its next batch, without a restart: '
+    '`pgwork cleanup --pause` / `--resume`.';
 INSERT INTO pgwork.config DEFAULT VALUES;
 
 CREATE TABLE pgwork.channel (
@@ -192,6 +196,15 @@ COMMENT ON TABLE pgwork.materialiser_state IS
     'Evidence of the materialiser: every occurrence firing at or before last_cutoff had its work row '
     'when the last complete pass finished.';
 INSERT INTO pgwork.materialiser_state DEFAULT VALUES;
+
+CREATE TABLE pgwork.retention_state (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_pass_at  timestamptz,
+    last_deleted  bigint NOT NULL DEFAULT 0,
+    total_deleted bigint NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE pgwork.retention_state IS 'Evidence of retention: when it last completed a pass and what it deleted.';
+INSERT INTO pgwork.retention_state DEFAULT VALUES;
 
 CREATE TABLE pgwork.daemon (
     id           text PRIMARY KEY,

@@ -22,6 +22,7 @@ from . import __version__, db, logs
 from .config import Config, ConfigError, load
 from .durations import parse_duration
 from .embedded import EmbeddedError, LocalServer
+from .queries import Q
 
 log = logging.getLogger("pgwork.cli")
 
@@ -174,11 +175,16 @@ def _json(v: Any) -> str:
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
         await db.check_schema(conn)
+        now = (await db.fetch_one(conn, "db_now"))["now"]
         return {
             "work": await db.fetch_all(conn, "work_states"),
             "lag": await db.fetch_one(conn, "lag"),
             "materialiser": await db.fetch_one(conn, "materialiser_state"),
             "daemons": await db.fetch_all(conn, "daemons"),
+            "retention": await db.fetch_one(conn, "retention_state"),
+            "retention_backlog": (
+                await db.fetch_one(conn, "retention_backlog", _cutoffs(cfg, now))
+            )["n"],
         }
 
     database = Database(cfg)
@@ -200,6 +206,12 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             f"materialiser: last cutoff {_fmt(m['last_cutoff'])} (age {_fmt(m['cutoff_age_seconds'])}s), "
             f"last pass {_fmt(m['last_pass_at'])}, rows made in total {m['total_inserted']}"
         )
+        r = st["retention"]
+        print(
+            f"retention: {'PAUSED, ' if r['paused'] else ''}last pass {_fmt(r['last_pass_at'])}, "
+            f"deleted {r['total_deleted']} in total, backlog {st['retention_backlog']}, "
+            f"oldest kept {_fmt(r['oldest_terminal_age_seconds'])}s"
+        )
         if st["daemons"]:
             print(
                 "\n"
@@ -214,6 +226,45 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         print(f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
+    from .retention import Retention
+
+    database = Database(cfg)
+    dsn = cfg.retention_dsn or database.dsn
+
+    async def go(conn: psycopg.AsyncConnection[Any]) -> str:
+        await db.check_schema(conn)
+        if args.pause or args.resume:
+            await conn.execute(Q["retention_set_paused"], {"paused": bool(args.pause)})
+            return (
+                "retention paused (every daemon stops at its next batch)"
+                if args.pause
+                else "retention resumed"
+            )
+        r = Retention(cfg.retention)
+        await r.configure(conn)
+        res = await r.run_once(conn)
+        if res.paused:
+            raise CliError("retention is paused (`pgwork cleanup --resume` resumes it)", 1)
+        return (
+            f"deleted {res.deleted} work rows and {res.ledger_deleted} ledger rows in {res.batches} batches "
+            f"({res.duration:.2f}s, longest batch {res.longest_batch * 1000:.0f} ms, {res.timeouts} timeouts)"
+        )
+
+    try:
+        print(_with_conn(dsn, go))
+    finally:
+        database.close()
+    return 0
+
+
+def _cutoffs(cfg: Config, now: datetime) -> dict[str, datetime]:
+    return {
+        "done_before": now - timedelta(seconds=cfg.retention.keep),
+        "dead_before": now - timedelta(seconds=cfg.retention.dead_keep),
+    }
 
 
 def cmd_dlq(args: argparse.Namespace, cfg: Config) -> int:
@@ -386,6 +437,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when lag exceeds this (e.g. 5m): usable as a health check",
     )
 
+    cl = sub.add_parser(
+        "cleanup",
+        help="run one retention pass (for a systemd timer), or pause/resume retention",
+        description="Delete terminal work older than retention.keep (dead letters: "
+        "retention.dead_keep) in bounded batches, then exit. Uses retention.dsn "
+        "when set (separate credentials).",
+    )
+    g = cl.add_mutually_exclusive_group()
+    g.add_argument("--once", action="store_true", help="one pass, then exit (the default)")
+    g.add_argument(
+        "--pause", action="store_true", help="pause retention everywhere, without restarts"
+    )
+    g.add_argument("--resume", action="store_true", help="resume retention")
+
     dl = sub.add_parser(
         "dlq",
         help="list, show and redrive dead letters",
@@ -426,6 +491,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "migrate": cmd_migrate,
     "psql": cmd_psql,
     "status": cmd_status,
+    "cleanup": cmd_cleanup,
     "dlq": cmd_dlq,
 }
 

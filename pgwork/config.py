@@ -27,6 +27,23 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class RetentionPolicy:
+    #: Delivered, cancelled and superseded work older than this is deleted, seconds.
+    keep: float = 30 * 86400.0
+    #: Dead letters older than this are deleted (longer: someone may still redrive them), seconds.
+    dead_keep: float = 90 * 86400.0
+    #: Largest batch (rows per transaction); a batch that times out halves, then grows back by 10%.
+    batch_size: int = 1000
+    #: Smallest batch after repeated timeouts.
+    min_batch: int = 10
+    #: Pause between batches, seconds (leaves room for the hot path).
+    pause: float = 0.02
+    #: Per-batch statement timeout and lock timeout, seconds.
+    statement_timeout: float = 2.0
+    lock_timeout: float = 0.5
+
+
+@dataclass(frozen=True)
 class ChannelConfig:
     name: str
     #: ``log`` (demo: logs the delivery), ``webhook`` (HTTP POST) or ``python`` (an async callable).
@@ -75,6 +92,13 @@ class Config:
     metrics_listen: str = "127.0.0.1:9464"
     #: How often database-derived gauges are refreshed, seconds.
     metrics_interval: float = 5.0
+    #: Run the retention duty inside the daemon (``pgwork cleanup`` runs it on its own).
+    retention_enabled: bool = True
+    #: Optional separate DSN (e.g. a role allowed to DELETE) for retention; default: ``dsn``.
+    retention_dsn: str | None = None
+    #: Seconds between retention passes.
+    retention_interval: float = 60.0
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     channels: Mapping[str, ChannelConfig] = field(
         default_factory=lambda: {"log": ChannelConfig(name="log", kind="log")}
     )
@@ -99,6 +123,15 @@ _OPTIONS: dict[str, tuple[str, str]] = {
     "metrics.enabled": ("metrics_enabled", "bool"),
     "metrics.listen": ("metrics_listen", "str"),
     "metrics.interval": ("metrics_interval", "duration"),
+    "retention.enabled": ("retention_enabled", "bool"),
+    "retention.dsn": ("retention_dsn", "str"),
+    "retention.interval": ("retention_interval", "duration"),
+    "retention.keep": ("retention.keep", "duration"),
+    "retention.dead_keep": ("retention.dead_keep", "duration"),
+    "retention.batch_size": ("retention.batch_size", "int"),
+    "retention.pause": ("retention.pause", "duration"),
+    "retention.statement_timeout": ("retention.statement_timeout", "duration"),
+    "retention.lock_timeout": ("retention.lock_timeout", "duration"),
 }
 
 _CHOICES = {
@@ -117,6 +150,13 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "worker.lease": (1, 86400),
     "worker.claim_batch": (1, 10_000),
     "metrics.interval": (0.1, 3600),
+    "retention.interval": (0.1, 86400),
+    "retention.keep": (0, 10 * 365 * 86400),
+    "retention.dead_keep": (0, 10 * 365 * 86400),
+    "retention.batch_size": (10, 100_000),
+    "retention.pause": (0, 60),
+    "retention.statement_timeout": (0.01, 3600),
+    "retention.lock_timeout": (0.001, 3600),
 }
 
 _CHANNEL_KEYS = {
@@ -302,7 +342,16 @@ def load(
     for option, value in values.items():
         _check(option, value)
 
-    kwargs = {_OPTIONS[o][0]: v for o, v in values.items()}
+    kwargs = {
+        _OPTIONS[o][0]: v for o, v in values.items() if not _OPTIONS[o][0].startswith("retention.")
+    }
+    policy = {
+        _OPTIONS[o][0].split(".", 1)[1]: v
+        for o, v in values.items()
+        if _OPTIONS[o][0].startswith("retention.")
+    }
+    if policy:
+        kwargs["retention"] = RetentionPolicy(**policy)
     if "channels" in raw:
         chans = raw["channels"]
         if not isinstance(chans, dict) or not chans:

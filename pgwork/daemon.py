@@ -20,17 +20,20 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
+from prometheus_client import start_http_server
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import __version__, db, materialiser
 from .channels import Channel, make_channel
-from .config import Config
+from .config import Config, ConfigError
 from .listener import Listener
 from .metrics import Metrics
 from .outcomes import OutcomeWriter, Record
 from .queries import Q
-from .supervise import Backoff, Next, duty_loop
+from .retention import Retention
+from .supervise import Backoff, Health, Next, duty_loop
+from .systemd import Notifier
 from .waker import Waker
 from .worker import ChannelWorker, Leases, heartbeat_step, release_all
 
@@ -46,11 +49,17 @@ class Daemon:
     dsn: str
     metrics: Metrics = field(default_factory=Metrics)
     identity: tuple[str, str, int] = field(init=False)
+    health: Health = field(default_factory=Health)
     materialiser_waker: Waker = field(default_factory=Waker)
     #: Set once every duty has started (tests and systemd readiness wait on it).
     ready: anyio.Event = field(default_factory=anyio.Event)
+    #: Set when run() has returned.
+    finished: anyio.Event = field(default_factory=anyio.Event)
+    #: A one-line summary for `systemctl status`, refreshed by the metrics duty.
+    summary: str = "starting"
     _stop_requested: int = 0
     _stop_changed: anyio.Event = field(default_factory=anyio.Event)
+    _workers: dict[str, ChannelWorker] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         host = socket.gethostname()
@@ -89,6 +98,7 @@ class Daemon:
                     db.redact(str(e)).strip(),
                     extra={"error_class": type(e).__name__},
                 )
+                self.summary = f"waiting for the database ({db.describe(self.dsn)})"
                 with anyio.move_on_after(delay):
                     await self._stop_level(1)
                 continue
@@ -115,28 +125,50 @@ class Daemon:
                 {"id": daemon_id, "host": host, "pid": pid, "version": __version__},
             )
 
+    def _start_metrics_server(self) -> Any:
+        if not self.cfg.metrics_enabled:
+            return None
+        host, _, port = self.cfg.metrics_listen.rpartition(":")
+        try:
+            server, _thread = start_http_server(
+                int(port), host or "127.0.0.1", self.metrics.registry
+            )
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                f"metrics.listen: cannot serve on {self.cfg.metrics_listen!r}: {e}"
+            ) from None
+        log.info("metrics on http://%s/metrics", self.cfg.metrics_listen)
+        return server
+
     # -- run -------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        if not await self._wait_for_database():
-            task_status.started()
-            return
-        channels: dict[str, Channel] = {
-            name: make_channel(c) for name, c in self.cfg.channels.items()
-        }
-        pool = db.make_pool(self.dsn, self.cfg.pool_size, self.cfg.connect_timeout)
-        await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
         try:
-            await self._prepare(pool)
-            await self._run(pool, channels, task_status)
+            if not await self._wait_for_database():
+                task_status.started()
+                return
+            channels: dict[str, Channel] = {
+                n: make_channel(c) for n, c in self.cfg.channels.items()
+            }
+            server = self._start_metrics_server()
+            pool = db.make_pool(self.dsn, self.cfg.pool_size, self.cfg.connect_timeout)
+            await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
+            try:
+                await self._prepare(pool)
+                await self._run(pool, channels, task_status)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for ch in channels.values():
+                        await ch.aclose()
+                    with anyio.move_on_after(5):
+                        async with pool.connection() as conn:
+                            await conn.execute(Q["daemon_unregister"], {"id": self.daemon_id})
+                    await pool.close(timeout=5)
+                    if server is not None:
+                        server.shutdown()
+                        server.server_close()
         finally:
-            with anyio.CancelScope(shield=True):
-                for ch in channels.values():
-                    await ch.aclose()
-                with anyio.move_on_after(5):
-                    async with pool.connection() as conn:
-                        await conn.execute(Q["daemon_unregister"], {"id": self.daemon_id})
-                await pool.close(timeout=5)
+            self.finished.set()
 
     async def _run(
         self,
@@ -146,7 +178,7 @@ class Daemon:
     ) -> None:
         cfg = self.cfg
         leases = Leases()
-        workers: dict[str, ChannelWorker] = {}
+        workers = self._workers
 
         def written(records: list[Record]) -> None:
             # A retry may be due before the claimer's next tick: let it look again.
@@ -154,7 +186,9 @@ class Daemon:
                 if r.status == "ready" and r.channel in workers:
                     workers[r.channel].waker.wake("local")
 
-        writer = OutcomeWriter(pool, self.metrics, self.identity, on_written=written)
+        writer = OutcomeWriter(
+            pool, self.metrics, self.identity, on_written=written, health=self.health
+        )
         for name, ch in channels.items():
             workers[name] = ChannelWorker(
                 ch,
@@ -194,8 +228,6 @@ class Daemon:
             wait = (res.next_fire_at - res.cutoff).total_seconds()
             return Next(max(0.0, min(cfg.tick, wait)), "timer" if wait < cfg.tick else "tick")
 
-        heartbeat_waker = Waker()
-
         async def heartbeat() -> Next:
             lost = await heartbeat_step(pool, leases, cfg.lease)
             for work_id in lost:
@@ -209,27 +241,47 @@ class Daemon:
                 )
             return Next(cfg.lease / 3, "tick")
 
+        retention = Retention(cfg.retention, self.metrics)
+
+        async def retention_step() -> Next:
+            conn = await db.connect(cfg.retention_dsn or self.dsn, timeout=cfg.connect_timeout)
+            try:
+                await retention.configure(conn)
+                res = await retention.run_once(conn)
+            finally:
+                await conn.close()
+            if not res.paused:
+                self.metrics.retention_last_pass.set_to_current_time()
+            return Next(cfg.retention_interval, "tick")
+
+        def loop(
+            name: str, step: Any, waker: Waker | None = None, first: Next | None = None
+        ) -> Any:
+            return partial(
+                duty_loop,
+                name,
+                step,
+                waker or Waker(),
+                self.metrics,
+                first=first,
+                health=self.health,
+            )
+
         async with anyio.create_task_group() as duties:
             duties.start_soon(writer.run)
             duties.start_soon(listener.run)
-            duties.start_soon(
-                duty_loop, "materialiser", materialise_step, self.materialiser_waker, self.metrics
-            )
-            duties.start_soon(
-                partial(duty_loop, first=Next(cfg.lease / 3, "tick")),
-                "heartbeat",
-                heartbeat,
-                heartbeat_waker,
-                self.metrics,
-            )
-            duties.start_soon(self._metrics_duty, pool)
+            duties.start_soon(loop("materialiser", materialise_step, self.materialiser_waker))
+            duties.start_soon(loop("heartbeat", heartbeat, first=Next(cfg.lease / 3, "tick")))
+            duties.start_soon(loop("metrics", partial(self._refresh_metrics, pool, listener)))
+            if cfg.retention_enabled:
+                duties.start_soon(loop("retention", retention_step, first=Next(1.0, "tick")))
 
             async with anyio.create_task_group() as work:
                 with anyio.CancelScope() as claiming:
 
                     async def claim_loop(w: ChannelWorker) -> None:
                         w.tg = work
-                        await duty_loop(f"claim:{w.name}", w.claim_step, w.waker, self.metrics)
+                        await loop(f"claim:{w.name}", w.claim_step, w.waker)()
 
                     async def stop_claiming() -> None:
                         await self._stop_level(1)
@@ -253,6 +305,7 @@ class Daemon:
 
                 # Claiming stopped; deliveries in flight get the grace period, or less on a second signal.
                 in_flight = sum(w.in_flight for w in workers.values())
+                self.summary = f"stopping: {in_flight} deliveries in flight"
                 log.info(
                     "stopping: claiming stopped, %d deliveries in flight",
                     in_flight,
@@ -265,14 +318,13 @@ class Daemon:
                     log.warning("second stop request: cancelling in-flight deliveries")
                     work.cancel_scope.cancel()
 
-                work.start_soon(hard_stop)
-
                 async def done_when_idle() -> None:
                     # Shutdown only: a 20 ms poll is simpler than an event per worker.
                     while any(w.in_flight for w in workers.values()):  # noqa: ASYNC110
                         await anyio.sleep(0.02)
                     work.cancel_scope.cancel()
 
+                work.start_soon(hard_stop)
                 work.start_soon(done_when_idle)
 
             # Final steps, bounded: write what is pending, then give back what we still hold.
@@ -290,36 +342,84 @@ class Daemon:
             duties.cancel_scope.cancel()
         log.info("pgwork stopped", extra={"daemon_id": self.daemon_id})
 
-    async def _metrics_duty(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
-        async def refresh() -> Next:
-            async with pool.connection() as conn:
-                lag = await db.fetch_one(conn, "lag")
-                states = await db.fetch_all(conn, "work_states")
-            self.metrics.lag.set(lag["lag_seconds"])
-            self.metrics.oldest_ready.set(lag["oldest_ready_seconds"])
-            self.metrics.work_rows.clear()
-            dead = 0
-            for s in states:
-                self.metrics.work_rows.labels(s["channel"], s["status"]).set(s["n"])
-                if s["status"] == "dead":
-                    dead += s["n"]
-            self.metrics.dead_letters.set(dead)
-            return Next(self.cfg.metrics_interval, "tick")
+    async def _refresh_metrics(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]], listener: Listener
+    ) -> Next:
+        """Database-derived gauges, refreshed here so that a scrape never runs a query."""
+        async with pool.connection() as conn:
+            lag = await db.fetch_one(conn, "lag")
+            states = await db.fetch_all(conn, "work_states")
+            tables = await db.fetch_all(conn, "table_health")
+            xmin = await db.fetch_one(conn, "xmin_horizon")
+            ret = await db.fetch_one(conn, "retention_state")
+        m = self.metrics
+        m.lag.set(lag["lag_seconds"])
+        m.oldest_ready.set(lag["oldest_ready_seconds"])
+        m.work_rows.clear()
+        dead = 0
+        for s in states:
+            m.work_rows.labels(s["channel"], s["status"]).set(s["n"])
+            dead += s["n"] if s["status"] == "dead" else 0
+        m.dead_letters.set(dead)
+        for t in tables:
+            m.dead_tuples.labels(t["table"]).set(t["dead_tuples"])
+        m.xmin_horizon_age.set(xmin["age_seconds"])
+        m.xmin_horizon_xids.set(xmin["age_xids"])
+        m.retention_paused.set(1 if ret["paused"] else 0)
+        m.retention_oldest.set(ret["oldest_terminal_age_seconds"] or 0)
+        in_flight = sum(w.in_flight for w in self._workers.values())
+        self.summary = (
+            f"running: {in_flight} in flight, lag {lag['lag_seconds']:.1f}s, {dead} dead letters, "
+            f"listener {'up' if listener.up else 'DOWN'}"
+        )
+        return Next(self.cfg.metrics_interval, "tick")
 
-        await duty_loop("metrics", refresh, Waker(), self.metrics)
+
+async def watchdog(daemon: Daemon, notifier: Notifier) -> None:
+    """Feed the systemd watchdog at half its timeout, only while no pass is stuck; keep the
+    STATUS= line current."""
+    timeout = notifier.watchdog_timeout
+    interval = timeout / 2 if timeout else 5.0
+    complained = False
+    while True:
+        notifier.status(daemon.summary)
+        if timeout:
+            stuck = daemon.health.stuck(timeout)
+            if not stuck:
+                notifier.watchdog()
+                complained = False
+            elif not complained:
+                complained = True
+                log.error(
+                    "not feeding the watchdog: %s",
+                    ", ".join(f"{n} stuck for {s:.0f}s" for n, s in stuck),
+                    extra={"stuck": [n for n, _ in stuck]},
+                )
+        await anyio.sleep(interval)
 
 
-async def serve(daemon: Daemon, *, signals: bool = True) -> None:
-    """Run ``daemon`` until SIGTERM/SIGINT (or ``request_stop``) ends it."""
-    async with anyio.create_task_group() as tg:
-        if signals:
+async def serve(daemon: Daemon, *, signals: bool = True, notifier: Notifier | None = None) -> None:
+    """Run ``daemon`` until SIGTERM/SIGINT (or ``request_stop``) ends it, speaking sd_notify."""
+    notifier = notifier or Notifier()
+    try:
+        async with anyio.create_task_group() as tg:
+            if signals:
 
-            async def on_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-                    async for signum in sigs:
-                        log.info("received %s", signal.Signals(signum).name)
-                        daemon.request_stop()
+                async def on_signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+                        async for signum in sigs:
+                            log.info("received %s", signal.Signals(signum).name)
+                            notifier.stopping()
+                            daemon.request_stop()
 
-            tg.start_soon(on_signals)
-        await daemon.run()
-        tg.cancel_scope.cancel()
+                tg.start_soon(on_signals)
+            notifier.status("starting: connecting to the database")
+            await tg.start(daemon.run)
+            if daemon.ready.is_set():
+                notifier.ready(f"running: daemon {daemon.daemon_id}")
+                tg.start_soon(watchdog, daemon, notifier)
+            await daemon.finished.wait()
+            notifier.stopping("stopped")
+            tg.cancel_scope.cancel()
+    finally:
+        notifier.close()

@@ -143,3 +143,48 @@ class Metrics:
             registry=r,
         )
         self.dead_letters = Gauge("pgwork_dead_letters", "Work rows in the dead state.", registry=r)
+        # Retention
+        self.retention_deleted = Counter(
+            "pgwork_retention_deleted_rows", "Terminal work rows deleted by retention.", registry=r
+        )
+        self.retention_batch = Histogram(
+            "pgwork_retention_batch_seconds",
+            "Duration of retention batches (one transaction each).",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.retention_timeouts = Counter(
+            "pgwork_retention_timeouts",
+            "Retention batches that hit their statement or lock timeout.",
+            registry=r,
+        )
+        self.retention_oldest = Gauge(
+            "pgwork_retention_oldest_terminal_age_seconds",
+            "Age of the oldest terminal work row kept.",
+            registry=r,
+        )
+        self.retention_paused = Gauge(
+            "pgwork_retention_paused", "1 while retention is paused.", registry=r
+        )
+        self.retention_last_pass = Gauge(
+            "pgwork_retention_last_pass_timestamp_seconds",
+            "When retention last completed a pass (Unix time).",
+            registry=r,
+        )
+        # Database health
+        self.dead_tuples = Gauge(
+            "pgwork_table_dead_tuples",
+            "Dead tuples in pgwork's tables (pg_stat_user_tables).",
+            ["table"],
+            registry=r,
+        )
+        self.xmin_horizon_age = Gauge(
+            "pgwork_xmin_horizon_age_seconds",
+            "Age of the oldest transaction in this database holding back vacuum.",
+            registry=r,
+        )
+        self.xmin_horizon_xids = Gauge(
+            "pgwork_xmin_horizon_age_xids",
+            "Transaction-id age of the oldest xmin holding back vacuum (sessions and replication slots).",
+            registry=r,
+        )

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .db import fetch_all
 from .metrics import Metrics
-from .supervise import Backoff
+from .supervise import Backoff, Health
 
 log = logging.getLogger("pgwork.outcomes")
 
@@ -57,11 +57,13 @@ class OutcomeWriter:
         metrics: Metrics,
         identity: tuple[str, str, int],
         on_written: Callable[[list[Record]], None] | None = None,
+        health: Health | None = None,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
         self.daemon_id, self.host, self.pid = identity
         self.on_written = on_written
+        self.health = health or Health()
         self._current = _Batch()
         self._waiting: list[_Batch] = []
         self._wake = anyio.Event()
@@ -105,6 +107,7 @@ class OutcomeWriter:
                 self._wake = anyio.Event()
                 continue
             while True:
+                self.health.begin("outcomes")
                 try:
                     await self._write(batch)
                 except Exception as e:
@@ -119,6 +122,8 @@ class OutcomeWriter:
                     )
                     await anyio.sleep(delay)
                     continue
+                finally:
+                    self.health.end("outcomes")
                 if backoff.failures:
                     self.metrics.duty_restarts.labels("outcomes").inc()
                     backoff.reset()

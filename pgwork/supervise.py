@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -12,6 +13,25 @@ from .metrics import Metrics
 from .waker import Waker
 
 log = logging.getLogger("pgwork.supervise")
+
+
+class Health:
+    """Which passes are running and since when: a pass that runs far longer than any pass should
+    means a stuck loop, and the systemd watchdog stops being fed."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, float] = {}
+
+    def begin(self, name: str) -> None:
+        self.running[name] = time.monotonic()
+
+    def end(self, name: str) -> None:
+        self.running.pop(name, None)
+
+    def stuck(self, limit: float) -> list[tuple[str, float]]:
+        """Passes running longer than ``limit`` seconds, with how long."""
+        now = time.monotonic()
+        return [(n, now - t) for n, t in self.running.items() if now - t > limit]
 
 
 @dataclass(frozen=True)
@@ -48,6 +68,7 @@ async def duty_loop(
     metrics: Metrics,
     *,
     first: Next | None = None,
+    health: Health | None = None,
 ) -> None:
     """Run ``step`` forever. An exception in a pass is logged, counted and retried with backoff;
     cancellation passes straight through (it is how the daemon stops a duty)."""
@@ -56,6 +77,8 @@ async def duty_loop(
     while True:
         cause = await waker.sleep(nxt.seconds)
         metrics.wakeups.labels(name, nxt.reason if cause == "timer" else cause).inc()
+        if health is not None:
+            health.begin(name)
         try:
             nxt = await step()
         except Exception as e:
@@ -81,3 +104,6 @@ async def duty_loop(
                 )
                 backoff.reset()
             metrics.duty_last_success.labels(name).set_to_current_time()
+        finally:
+            if health is not None:
+                health.end(name)

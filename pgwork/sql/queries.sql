@@ -313,3 +313,86 @@ SELECT pg_is_in_recovery() AS standby
 
 -- name: ping
 SELECT 1
+
+-- name: retention_paused
+SELECT retention_paused AS paused FROM pgwork.config
+
+-- name: retention_set_paused
+UPDATE pgwork.config SET retention_paused = %(paused)s
+
+-- name: retention_delete_batch
+-- One keyset batch of terminal work older than its keep (dead letters have their own, longer
+-- keep), deleted by primary key with its ledger rows. The terminal-status and age filters are in
+-- the DELETE itself: a row that became live again (a superseded occurrence revived) between the
+-- scan and the delete is left alone.
+WITH victims AS MATERIALIZED (
+    SELECT w.id, w.finished_at
+      FROM pgwork.renewal_work w
+     WHERE w.status IN ('delivered', 'dead', 'cancelled', 'superseded')
+       AND w.finished_at < greatest(%(done_before)s::timestamptz, %(dead_before)s::timestamptz)
+       AND (w.finished_at, w.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+     ORDER BY w.finished_at, w.id
+     LIMIT %(limit)s
+), gone AS (
+    DELETE FROM pgwork.renewal_work w
+     USING victims v
+     WHERE w.id = v.id
+       AND w.status IN ('delivered', 'dead', 'cancelled', 'superseded')
+       AND w.finished_at < CASE WHEN w.status = 'dead' THEN %(dead_before)s::timestamptz
+                                ELSE %(done_before)s::timestamptz END
+    RETURNING w.id
+), ledger AS (
+    DELETE FROM pgwork.attempt a USING gone g WHERE a.work_id = g.id RETURNING 1
+)
+SELECT (SELECT count(*) FROM victims) AS scanned,
+       (SELECT count(*) FROM gone) AS deleted,
+       (SELECT count(*) FROM ledger) AS ledger_deleted,
+       l.finished_at AS last_at, l.id AS last_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (SELECT finished_at, id FROM victims ORDER BY finished_at DESC, id DESC LIMIT 1) l ON true
+
+-- name: retention_record_pass
+UPDATE pgwork.retention_state
+   SET last_pass_at = now(), last_deleted = %(deleted)s, total_deleted = total_deleted + %(deleted)s
+
+-- name: retention_state
+SELECT r.last_pass_at, r.last_deleted, r.total_deleted, c.retention_paused AS paused,
+       extract(epoch FROM now() - (SELECT min(finished_at) FROM pgwork.renewal_work
+                                    WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded')))::float8
+           AS oldest_terminal_age_seconds
+  FROM pgwork.retention_state r, pgwork.config c
+
+-- name: retention_backlog
+-- Terminal rows already past their keep (what the next passes will delete).
+SELECT count(*) AS n
+  FROM pgwork.renewal_work
+ WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded')
+   AND finished_at < CASE WHEN status = 'dead' THEN %(dead_before)s::timestamptz ELSE %(done_before)s::timestamptz END
+
+-- name: db_now
+SELECT now() AS now
+
+-- name: table_health
+-- Dead tuples of pgwork's own tables (bloat makes every queue crawl).
+SELECT relname AS table, n_dead_tup AS dead_tuples, n_live_tup AS live_tuples
+  FROM pg_stat_user_tables
+ WHERE schemaname = 'pgwork'
+
+-- name: xmin_horizon
+-- The oldest transaction (or slot, or prepared transaction) holding back vacuum in this
+-- database: a forgotten long transaction anywhere quietly ruins every Postgres queue.
+SELECT greatest(
+         (SELECT max(extract(epoch FROM now() - xact_start)) FROM pg_stat_activity
+           WHERE backend_xmin IS NOT NULL AND datname = current_database()),
+         (SELECT max(extract(epoch FROM now() - prepared)) FROM pg_prepared_xacts
+           WHERE database = current_database()),
+         0)::float8 AS age_seconds,
+       greatest(
+         (SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL),
+         (SELECT max(age(xmin)) FROM pg_replication_slots WHERE xmin IS NOT NULL),
+         (SELECT max(age(catalog_xmin)) FROM pg_replication_slots WHERE catalog_xmin IS NOT NULL),
+         0)::bigint AS age_xids
+
+-- name: session_limits
+SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+       set_config('lock_timeout', %(lock_timeout)s, false)

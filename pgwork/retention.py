@@ -1,0 +1,152 @@
+"""Retention duty: delete old terminal work and its ledger rows in keyset-paged, bounded batches.
+
+Never a row that can still be claimed or retried (the status filter is in the DELETE), and never
+in a way that lets a reminder be sent twice: what was materialised is recorded on the reminder
+(``next_fire_at``), not inferred from the work rows this deletes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+from psycopg import AsyncConnection, errors
+
+from .config import RetentionPolicy
+from .db import fetch_one
+from .durations import format_duration
+from .metrics import Metrics
+from .queries import Q
+
+log = logging.getLogger("pgwork.retention")
+
+_EPOCH = datetime.fromisoformat("1970-01-01T00:00:00+00:00")
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    deleted: int
+    ledger_deleted: int
+    batches: int
+    timeouts: int
+    longest_batch: float
+    largest_batch: int
+    paused: bool
+    #: The pass gave up: batches of the smallest size kept timing out (e.g. a row locked for long).
+    stalled: bool
+    duration: float
+
+
+class Retention:
+    #: Consecutive timeouts at the smallest batch size before a pass gives up (until the next one).
+    STALL_AFTER = 5
+
+    def __init__(self, policy: RetentionPolicy, metrics: Metrics | None = None) -> None:
+        self.policy = policy
+        self.metrics = metrics
+        self.batch = policy.batch_size
+
+    async def configure(self, conn: AsyncConnection[Any]) -> None:
+        """Session limits for the retention connection: each batch is bounded in time and in how
+        long it may wait for a lock."""
+        await conn.execute(
+            Q["session_limits"],
+            {
+                "statement_timeout": f"{int(self.policy.statement_timeout * 1000)}ms",
+                "lock_timeout": f"{int(self.policy.lock_timeout * 1000)}ms",
+            },
+        )
+
+    async def run_once(self, conn: AsyncConnection[Any]) -> RetentionResult:
+        """One pass over everything past its keep, batch by batch (each its own transaction)."""
+        t0 = time.monotonic()
+        now = (await fetch_one(conn, "db_now"))["now"]
+        done_before = now - timedelta(seconds=self.policy.keep)
+        dead_before = now - timedelta(seconds=self.policy.dead_keep)
+        after_at, after_id = _EPOCH, 0
+        deleted = ledger = batches = timeouts = 0
+        longest = 0.0
+        largest = 0
+        paused = stalled = False
+        in_a_row = 0
+        while True:
+            if (await fetch_one(conn, "retention_paused"))["paused"]:
+                paused = True
+                break
+            limit = self.batch
+            b0 = time.monotonic()
+            try:
+                page = await fetch_one(
+                    conn,
+                    "retention_delete_batch",
+                    {
+                        "done_before": done_before,
+                        "dead_before": dead_before,
+                        "after_at": after_at,
+                        "after_id": after_id,
+                        "limit": limit,
+                    },
+                )
+            except (errors.QueryCanceled, errors.LockNotAvailable) as e:
+                timeouts += 1
+                in_a_row = in_a_row + 1 if limit == self.policy.min_batch else 0
+                if in_a_row >= self.STALL_AFTER:
+                    stalled = True
+                    log.error(
+                        "retention stalled: %d batches of %d rows timed out in a row; giving up this pass",
+                        in_a_row,
+                        limit,
+                        extra={"duty": "retention", "error_class": type(e).__name__},
+                    )
+                    break
+                self.batch = max(self.policy.min_batch, self.batch // 2)
+                if self.metrics:
+                    self.metrics.retention_timeouts.inc()
+                log.warning(
+                    "retention batch of %d timed out; next batches are %d rows",
+                    limit,
+                    self.batch,
+                    extra={"duty": "retention", "error_class": type(e).__name__},
+                )
+                await anyio.sleep(self.policy.pause)
+                continue
+            took = time.monotonic() - b0
+            longest = max(longest, took)
+            largest = max(largest, page["deleted"])
+            in_a_row = 0
+            batches += 1
+            deleted += page["deleted"]
+            ledger += page["ledger_deleted"]
+            if self.metrics:
+                self.metrics.retention_deleted.inc(page["deleted"])
+                self.metrics.retention_batch.observe(took)
+            self.batch = min(self.policy.batch_size, self.batch + max(1, self.batch // 10))
+            if page["scanned"] < limit:
+                break
+            after_at, after_id = page["last_at"], page["last_id"]
+            await anyio.sleep(self.policy.pause)
+        if not paused and not stalled:
+            await conn.execute(Q["retention_record_pass"], {"deleted": deleted})
+        duration = time.monotonic() - t0
+        if deleted or timeouts:
+            log.info(
+                "retention deleted %d work rows and %d ledger rows",
+                deleted,
+                ledger,
+                extra={
+                    "duty": "retention",
+                    "rows": deleted,
+                    "ledger_rows": ledger,
+                    "batches": batches,
+                    "timeouts": timeouts,
+                    "longest_batch_ms": round(longest * 1000, 1),
+                    "keep": format_duration(self.policy.keep),
+                },
+            )
+        return RetentionResult(
+            deleted, ledger, batches, timeouts, longest, largest, paused, stalled, duration
+        )
