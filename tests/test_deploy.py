@@ -1,0 +1,96 @@
+"""The shipped systemd units and Prometheus rules are valid (checked with the real tools)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+UNITS = ["pgwork.service", "pgwork-cleanup.service", "pgwork-cleanup.timer"]
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed here (.ci/run installs it where the registry has it)")
+    return path
+
+
+def test_units_verify(tmp_path: Path) -> None:
+    analyze = _tool("systemd-analyze")
+    pgwork = Path(sys.executable).parent / "pgwork"
+    for unit in UNITS:
+        text = (
+            (ROOT / "systemd" / unit)
+            .read_text()
+            .replace("/opt/pgwork/venv/bin/pgwork", str(pgwork))
+        )
+        (tmp_path / unit).write_text(text)
+    r = subprocess.run(
+        [analyze, "verify", *[str(tmp_path / u) for u in UNITS]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    problems = [
+        line
+        for line in (r.stdout + r.stderr).splitlines()
+        if line.strip() and "EnvironmentFile" not in line and "/etc/pgwork" not in line
+    ]
+    assert r.returncode == 0 and not problems, problems
+
+
+@pytest.mark.parametrize("unit", ["pgwork.service", "pgwork-cleanup.service"])
+def test_unit_exposure_is_low(unit: str) -> None:
+    analyze = _tool("systemd-analyze")
+    r = subprocess.run(
+        [analyze, "security", "--offline=yes", str(ROOT / "systemd" / unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", r.stdout)
+    assert m is not None, r.stdout[-500:] + r.stderr
+    assert float(m.group(1)) <= 2.0
+
+
+def test_service_stop_timeout_exceeds_grace() -> None:
+    from pgwork.config import Config
+    from pgwork.daemon import FINAL_STEPS_TIMEOUT
+
+    text = (ROOT / "systemd" / "pgwork.service").read_text()
+    stop = int(re.search(r"^TimeoutStopSec=(\d+)s$", text, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    assert stop > Config().shutdown_grace + FINAL_STEPS_TIMEOUT
+    assert "Type=notify" in text and re.search(r"^WatchdogSec=", text, re.MULTILINE)
+
+
+def test_alert_rules_check() -> None:
+    promtool = _tool("promtool")
+    r = subprocess.run(
+        [promtool, "check", "rules", str(ROOT / "prometheus" / "pgwork.rules.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 8 rules found" in r.stdout
+
+
+def test_every_metric_in_the_rules_exists() -> None:
+    from pgwork.metrics import Metrics
+
+    names = {s.name for fam in Metrics().registry.collect() for s in fam.samples} | {
+        fam.name for fam in Metrics().registry.collect()
+    }
+    used = set(
+        re.findall(r"pgwork_[a-z_]+", (ROOT / "prometheus" / "pgwork.rules.yml").read_text())
+    )
+    # Families with labels have no samples until first use; compare against family names too.
+    families = {fam.name for fam in Metrics().registry.collect()}
+    missing = {u for u in used if u not in names and u.removesuffix("_total") not in families}
+    assert missing == set()
