@@ -180,11 +180,12 @@ class Daemon:
         leases = Leases()
         workers = self._workers
 
-        def written(records: list[Record]) -> None:
-            # A retry may be due before the claimer's next tick: let it look again.
+        def written(records: list[Record], fenced: set[int]) -> None:
+            by_channel: dict[str, list[Record]] = {}
             for r in records:
-                if r.status == "ready" and r.channel in workers:
-                    workers[r.channel].waker.wake("local")
+                by_channel.setdefault(r.channel, []).append(r)
+            for name, rs in by_channel.items():
+                workers[name].settle(rs, fenced)
 
         writer = OutcomeWriter(
             pool, self.metrics, self.identity, on_written=written, health=self.health
@@ -280,7 +281,6 @@ class Daemon:
                 with anyio.CancelScope() as claiming:
 
                     async def claim_loop(w: ChannelWorker) -> None:
-                        w.tg = work
                         await loop(f"claim:{w.name}", w.claim_step, w.waker)()
 
                     async def stop_claiming() -> None:
@@ -288,6 +288,7 @@ class Daemon:
                         claiming.cancel()
 
                     for w in workers.values():
+                        w.start_workers(work)
                         work.start_soon(claim_loop, w)
                     work.start_soon(stop_claiming)
                     self.ready.set()
@@ -303,7 +304,10 @@ class Daemon:
                     )
                     await anyio.sleep_forever()
 
-                # Claiming stopped; deliveries in flight get the grace period, or less on a second signal.
+                # Claiming stopped. Rows claimed but not started are not started now (they are
+                # released below); deliveries in flight get the grace period, or less on a second signal.
+                for w in workers.values():
+                    w.stop_taking()
                 in_flight = sum(w.in_flight for w in workers.values())
                 self.summary = f"stopping: {in_flight} deliveries in flight"
                 log.info(
@@ -327,6 +331,8 @@ class Daemon:
                 work.start_soon(hard_stop)
                 work.start_soon(done_when_idle)
 
+            for w in workers.values():
+                w.close()
             # Final steps, bounded: write what is pending, then give back what we still hold.
             with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_STEPS_TIMEOUT) as scope:
                 await writer.drain()

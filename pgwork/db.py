@@ -73,7 +73,8 @@ def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncC
         timeout=timeout,
         open=False,
         kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
-        check=AsyncConnectionPool.check_connection,
+        # No check on every checkout (a round trip per pass): a broken connection fails its pass,
+        # which is retried, and the pool replaces it.
         reconnect_timeout=0,  # never give up reconnecting: the daemon outlives outages
         name="pgwork",
     )

@@ -75,7 +75,12 @@ class Metrics:
             ["channel"],
             registry=r,
         )
-        self.in_flight = Gauge("pgwork_in_flight", "Deliveries in flight.", ["channel"], registry=r)
+        self.in_flight = Gauge(
+            "pgwork_in_flight",
+            "Rows held: queued, being delivered, or waiting for their outcome to be written.",
+            ["channel"],
+            registry=r,
+        )
         self.outcome_flushes = Counter(
             "pgwork_outcome_flushes", "Outcome batches written.", registry=r
         )

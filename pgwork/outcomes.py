@@ -3,6 +3,7 @@ commit). A delivery counts as done only once its outcome is durable."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,8 +11,8 @@ from datetime import datetime
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from .db import fetch_all
@@ -38,6 +39,36 @@ class Record:
     error_class: str | None = None
     error: str | None = None
     receipt: Any = None
+    # For settling (metrics and the attempt log line), not written.
+    due_at: datetime | None = None
+    operation_id: Any = None
+    source: str = ""
+    business_key: str = ""
+    recipient: str = ""
+    duration: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        """The record for ``record_outcomes`` (absent keys are NULL)."""
+        d: dict[str, Any] = {
+            "work_id": self.work_id,
+            "lease": self.lease,
+            "attempt": self.attempt,
+            "outcome": self.outcome,
+            "status": self.status,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat(),
+        }
+        if self.retry_after is not None:
+            d["retry_after"] = self.retry_after
+        if self.http_status is not None:
+            d["http_status"] = self.http_status
+        if self.error_class is not None:
+            d["error_class"] = self.error_class
+        if self.error is not None:
+            d["error"] = self.error[:2000]
+        if self.receipt is not None:
+            d["receipt"] = self.receipt
+        return d
 
 
 @dataclass
@@ -56,7 +87,7 @@ class OutcomeWriter:
         pool: AsyncConnectionPool[AsyncConnection[Any]],
         metrics: Metrics,
         identity: tuple[str, str, int],
-        on_written: Callable[[list[Record]], None] | None = None,
+        on_written: Callable[[list[Record], set[int]], None] | None = None,
         health: Health | None = None,
     ) -> None:
         self.pool = pool
@@ -73,17 +104,23 @@ class OutcomeWriter:
     def pending(self) -> int:
         return len(self._current.records) + sum(len(b.records) for b in self._waiting)
 
-    async def record(self, rec: Record) -> bool:
-        """Queue ``rec`` and wait until it is durable. Returns False when it was fenced (the lease
-        had passed to another worker, so the database kept the other worker's outcome)."""
+    def submit(self, rec: Record) -> None:
+        """Queue ``rec``; it is written with the next flush, and ``on_written`` is called with it
+        (and whether it was fenced) once it is durable."""
         batch = self._current
         batch.records.append(rec)
         if len(batch.records) >= self.MAX_BATCH:
             self._waiting.append(batch)
             self._current = _Batch()
-        self._idle = anyio.Event()
+        if self._idle.is_set():
+            self._idle = anyio.Event()
         self._wake.set()
-        self.metrics.outcomes_pending.set(self.pending())
+
+    async def record(self, rec: Record) -> bool:
+        """Queue ``rec`` and wait until it is durable. Returns False when it was fenced (the lease
+        had passed to another worker, so the database kept the other worker's outcome)."""
+        batch = self._current
+        self.submit(rec)
         await batch.done.wait()
         return rec.work_id not in batch.fenced
 
@@ -130,6 +167,7 @@ class OutcomeWriter:
                 break
             batch.done.set()
             self.metrics.outcomes_pending.set(self.pending())
+            await anyio.lowlevel.checkpoint()
 
     async def drain(self) -> None:
         """Wait until everything queued so far is written."""
@@ -139,18 +177,7 @@ class OutcomeWriter:
     async def _write(self, batch: _Batch) -> None:
         rs = batch.records
         params = {
-            "work_id": [r.work_id for r in rs],
-            "lease": [r.lease for r in rs],
-            "attempt": [r.attempt for r in rs],
-            "outcome": [r.outcome for r in rs],
-            "status": [r.status for r in rs],
-            "retry_after": [r.retry_after for r in rs],
-            "started_at": [r.started_at for r in rs],
-            "finished_at": [r.finished_at for r in rs],
-            "http_status": [r.http_status for r in rs],
-            "error_class": [r.error_class for r in rs],
-            "error": [r.error[:2000] if r.error else None for r in rs],
-            "receipt": [Jsonb(r.receipt) if r.receipt is not None else None for r in rs],
+            "outcomes": json.dumps([r.as_json() for r in rs], separators=(",", ":")),
             "daemon_id": self.daemon_id,
             "host": self.host,
             "pid": self.pid,
@@ -172,4 +199,4 @@ class OutcomeWriter:
                     },
                 )
         if self.on_written is not None:
-            self.on_written(rs)
+            self.on_written(rs, batch.fenced)

@@ -7,10 +7,13 @@ import logging
 import math
 import random
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -75,6 +78,18 @@ class Leases:
 
 
 class ChannelWorker:
+    """One channel: a claim loop that keeps a queue topped up, and ``concurrency`` long-lived
+    delivery workers that take rows from it.
+
+    A worker hands each outcome to the outcome writer and goes on with the next row; the row is
+    *settled* (its lease dropped, its capacity freed, the attempt logged and counted) only once the
+    outcome is durable. Workers sleep only when the queue is empty, and a claim wakes only as many
+    as it brought rows: a task or a wake-up per row would cost more than a no-op delivery.
+    """
+
+    #: Deliveries a worker runs back to back before it yields to the event loop.
+    YIELD_EVERY = 64
+
     def __init__(
         self,
         channel: Channel,
@@ -91,25 +106,65 @@ class ChannelWorker:
         self.channel = channel
         self.name = channel.config.name
         self.policy = channel.config.retry
-        self.capacity = channel.config.concurrency
+        self.concurrency = channel.config.concurrency
         self.pool = pool
         self.writer = writer
         self.leases = leases
         self.metrics = metrics
         self.daemon_id = daemon_id
-        self.lease = lease
+        self.lease = timedelta(seconds=lease)
         self.claim_batch = claim_batch
         self.tick = tick
         self.waker = Waker()
-        self.in_flight = 0
-        self.tg: TaskGroup | None = None
+        #: Most rows held at once: one per worker plus one batch claimed ahead.
+        self.max_held = self.concurrency + claim_batch
+        #: Rows claimed and not yet settled: queued, being delivered, or waiting for their outcome
+        #: to be written.
+        self.held = 0
+        #: Deliveries running right now (at most ``concurrency``).
+        self.delivering = 0
+        self._queue: deque[dict[str, Any]] = deque()
+        self._idle: list[anyio.Event] = []
+        self._closed = False
+        # Labelled metric children, looked up once.
+        self._m_attempts = {
+            o: metrics.attempts.labels(self.name, o)
+            for o in ("delivered", "duplicate", "retry", "failed", "fenced")
+        }
+        self._m_duration = metrics.delivery_duration.labels(self.name)
+        self._m_lateness = metrics.lateness.labels(self.name)
+        self._m_in_flight = metrics.in_flight.labels(self.name)
+        self._m_claimed = metrics.claimed.labels(self.name)
+        self._m_duplicates = metrics.duplicates.labels(self.name)
+
+    @property
+    def in_flight(self) -> int:
+        """Rows held by this channel (the shutdown waits for these to settle)."""
+        return self.held
+
+    def start_workers(self, tg: TaskGroup) -> None:
+        for _ in range(self.concurrency):
+            tg.start_soon(self._worker)
+
+    def stop_taking(self) -> None:
+        """On shutdown: queued rows are not started (they stay held and are released without
+        counting an attempt); idle workers end."""
+        self._closed = True
+        left = len(self._queue)
+        self._queue.clear()
+        self.held -= left
+        for ev in self._idle:
+            ev.set()
+        self._idle.clear()
+
+    def close(self) -> None:
+        self.stop_taking()
 
     async def claim_step(self) -> Next:
-        """Claim as many rows as there is free capacity for (at most one batch) and start them."""
-        assert self.tg is not None
-        free = self.capacity - self.in_flight
-        if free <= 0:
-            return Next(math.inf, "slot")  # a finishing delivery wakes us
+        """Claim as many rows as there is room for (at most one batch) and queue them."""
+        free = self.max_held - self.held
+        if free < max(1, min(self.claim_batch, self.max_held) // 2):
+            return Next(math.inf, "slot")  # settling rows wakes us
         limit = min(free, self.claim_batch)
         async with self.pool.connection() as conn:
             rows = await fetch_all(
@@ -119,14 +174,14 @@ class ChannelWorker:
                     "channel": self.name,
                     "limit": limit,
                     "max_attempts": self.policy.max_attempts,
-                    "lease": timedelta(seconds=self.lease),
+                    "lease": self.lease,
                     "daemon_id": self.daemon_id,
                 },
             )
+            nxt = None
             if len(rows) < limit:
                 nxt = (await fetch_one(conn, "next_available", {"channel": self.name}))["at"]
-            else:
-                nxt = None
+        taken = 0
         for row in rows:
             if row["prev_status"] == "claimed":
                 self.metrics.lease_reclaims.labels(self.name).inc()
@@ -152,17 +207,38 @@ class ChannelWorker:
                     },
                 )
                 continue
-            self.metrics.claimed.labels(self.name).inc()
             self.leases.add(Held(row["id"], row["lease"], self.name))
-            self.in_flight += 1
-            self.tg.start_soon(self._deliver, row)
-        self.metrics.in_flight.labels(self.name).set(self.in_flight)
+            self._queue.append(row)
+            taken += 1
+        self.held += taken
+        self._m_claimed.inc(taken)
+        self._m_in_flight.set(self.held)
+        for _ in range(min(taken, len(self._idle))):
+            self._idle.pop().set()
         if len(rows) == limit:
             return Next(0, "more")
         if nxt is None:
             return Next(self.tick, "tick")
         wait = (nxt - datetime.now(UTC)).total_seconds()
         return Next(max(0.0, min(self.tick, wait)), "timer" if wait < self.tick else "tick")
+
+    async def _worker(self) -> None:
+        done = 0
+        while not self._closed:
+            if not self._queue:
+                ev = anyio.Event()
+                self._idle.append(ev)
+                await ev.wait()
+                continue
+            row = self._queue.popleft()
+            self.delivering += 1
+            try:
+                await self._deliver(row)
+            finally:
+                self.delivering -= 1
+            done += 1
+            if done % self.YIELD_EVERY == 0:
+                await anyio.lowlevel.checkpoint()
 
     async def _deliver(self, row: dict[str, Any]) -> None:
         d = Delivery(
@@ -181,17 +257,16 @@ class ChannelWorker:
         started = datetime.now(UTC)
         t0 = time.monotonic()
         try:
-            try:
-                outcome = await self.channel.deliver(d)
-            except Exception as e:  # a channel bug or a receiver problem: retry with backoff
-                outcome = Retry(
-                    error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__
-                )
-            elapsed = time.monotonic() - t0
-            finished = datetime.now(UTC)
-            used = row["attempts"] - row["attempts_base"]
-            ledger, status, delay, error = decide(outcome, used, self.policy)
-            rec = Record(
+            outcome = await self.channel.deliver(d)
+        except Exception as e:  # a channel bug or a receiver problem: retry with backoff
+            outcome = Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
+        elapsed = time.monotonic() - t0
+        self._m_duration.observe(elapsed)
+        ledger, status, delay, error = decide(
+            outcome, row["attempts"] - row["attempts_base"], self.policy
+        )
+        self.writer.submit(
+            Record(
                 work_id=d.work_id,
                 lease=row["lease"],
                 attempt=row["attempts"],
@@ -200,46 +275,62 @@ class ChannelWorker:
                 status=status,
                 retry_after=delay,
                 started_at=started,
-                finished_at=finished,
+                finished_at=datetime.now(UTC),
                 http_status=outcome.http_status,
                 error_class=None if isinstance(outcome, Delivered) else outcome.error_class,
                 error=error,
                 receipt=outcome.receipt if isinstance(outcome, Delivered) else None,
+                due_at=d.due_at,
+                operation_id=d.operation_id,
+                source=d.source,
+                business_key=d.business_key,
+                recipient=d.recipient,
+                duration=elapsed,
             )
-            accepted = await self.writer.record(rec)
-            # Durable now: this row is no longer ours to heartbeat or release.
-            self.leases.drop(d.work_id)
-            self.metrics.delivery_duration.labels(self.name).observe(elapsed)
-            self.metrics.attempts.labels(self.name, ledger if accepted else "fenced").inc()
-            if accepted and status == "delivered":
-                self.metrics.lateness.labels(self.name).observe(
-                    max(0.0, (finished - d.due_at).total_seconds())
+        )
+
+    def settle(self, records: list[Record], fenced: set[int]) -> None:
+        """Called by the outcome writer once ``records`` of this channel are durable."""
+        log_info = log.isEnabledFor(logging.INFO)
+        for r in records:
+            self.leases.drop(r.work_id)
+            accepted = r.work_id not in fenced
+            self._m_attempts[r.outcome if accepted else "fenced"].inc()
+            if accepted and r.status == "delivered" and r.due_at is not None:
+                self._m_lateness.observe(max(0.0, (r.finished_at - r.due_at).total_seconds()))
+                if r.outcome == "duplicate":
+                    self._m_duplicates.inc()
+            if r.status == "ready":
+                self.waker.wake("local")  # the retry may be due before the next tick
+            level = logging.WARNING if r.status == "dead" else logging.INFO
+            if level == logging.WARNING or log_info:
+                log.log(
+                    level,
+                    "attempt %s",
+                    r.outcome if accepted else "fenced",
+                    extra={
+                        "work_id": r.work_id,
+                        "operation_id": str(r.operation_id),
+                        "source": r.source,
+                        "business_key": r.business_key,
+                        "recipient": r.recipient,
+                        "channel": self.name,
+                        "attempt": r.attempt,
+                        "outcome": r.outcome if accepted else "fenced",
+                        "status": r.status,
+                        "duration_ms": round(r.duration * 1000, 2),
+                        "http_status": r.http_status,
+                        **({"error": r.error} if r.error else {}),
+                        **(
+                            {"retry_in_s": round(r.retry_after, 3)}
+                            if r.retry_after is not None
+                            else {}
+                        ),
+                    },
                 )
-                if ledger == "duplicate":
-                    self.metrics.duplicates.labels(self.name).inc()
-            level = logging.INFO if status != "dead" else logging.WARNING
-            log.log(
-                level,
-                "attempt %s",
-                ledger if accepted else "fenced",
-                extra={
-                    "work_id": d.work_id,
-                    "operation_id": str(d.operation_id),
-                    "source": d.source,
-                    "business_key": d.business_key,
-                    "channel": self.name,
-                    "attempt": d.attempt,
-                    "outcome": ledger if accepted else "fenced",
-                    "status": status,
-                    "duration_ms": round(elapsed * 1000, 2),
-                    "http_status": outcome.http_status,
-                    **({"error": error} if error else {}),
-                    **({"retry_in_s": round(delay, 3)} if delay is not None else {}),
-                },
-            )
-        finally:
-            self.in_flight -= 1
-            self.metrics.in_flight.labels(self.name).set(self.in_flight)
+        self.held -= len(records)
+        self._m_in_flight.set(self.held)
+        if self.max_held - self.held >= max(1, min(self.claim_batch, self.max_held) // 2):
             self.waker.wake("slot")
 
 

@@ -242,32 +242,24 @@ async def test_fencing_refuses_a_late_outcome(dsn: str, conn: psycopg.AsyncConne
 
     async with await db.connect(dsn) as c:
 
-        def outcome(lease: int, status: str) -> dict[str, Any]:
+        def outcome(lease: int, status: str, ledger: str | None = None) -> dict[str, Any]:
+            import json
             from datetime import UTC, datetime
 
-            now = datetime.now(UTC)
-            return {
-                "work_id": [second["id"]],
-                "lease": [lease],
-                "attempt": [lease],
-                "outcome": [status],
-                "status": [status],
-                "retry_after": [None],
-                "started_at": [now],
-                "finished_at": [now],
-                "http_status": [None],
-                "error_class": [None],
-                "error": [None],
-                "receipt": [None],
-                "daemon_id": "d",
-                "host": "h",
-                "pid": 1,
+            now = datetime.now(UTC).isoformat()
+            rec = {
+                "work_id": second["id"],
+                "lease": lease,
+                "attempt": lease,
+                "outcome": ledger or status,
+                "status": status,
+                "started_at": now,
+                "finished_at": now,
             }
+            return {"outcomes": json.dumps([rec]), "daemon_id": "d", "host": "h", "pid": 1}
 
         # The zombie (lease 1) reports late: refused, and the ledger says so.
-        fenced = await db.fetch_all(
-            c, "record_outcomes", outcome(1, "dead") | {"outcome": ["failed"]}
-        )
+        fenced = await db.fetch_all(c, "record_outcomes", outcome(1, "dead", "failed"))
         assert [r["fenced_id"] for r in fenced] == [second["id"]]
         # Its heartbeat is refused too.
         assert (
