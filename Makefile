@@ -40,3 +40,11 @@ clean: ## remove the venv, caches and the embedded data directory
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .pgwork *.egg-info
 
 .PHONY: help run psql lint test test-fast clean
+
+bench: $(VENV)/.dev ## all nine benchmark workloads, 3 interleaved rounds (about an hour; --quick: minutes)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): checks it still runs
+	$(BIN)/python -m bench.run --smoke --out $(or $(BENCH_OUT),bench/results)
+
+.PHONY: bench bench-smoke

@@ -19,15 +19,10 @@ COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database 
 INSERT INTO pgwork.schema_version (version) VALUES (1);
 
 CREATE TABLE pgwork.config (
-    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    notify_horizon interval NOT NULL DEFAULT '5 minutes'
-        CHECK (notify_horizon >= '0' AND notify_horizon <= '1 day'),
+    singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     retention_paused boolean NOT NULL DEFAULT false
 );
-COMMENT ON TABLE pgwork.config IS 'Settings the database itself needs (the triggers read them).';
-COMMENT ON COLUMN pgwork.config.notify_horizon IS
-    'A write NOTIFYs the daemons only when a reminder fires within this interval from now. '
-    'Daemons raise it to their look-ahead at start; farther writes are found by the timed tick.';
+COMMENT ON TABLE pgwork.config IS 'Settings shared by every daemon, changed at runtime.';
 COMMENT ON COLUMN pgwork.config.retention_paused IS
     'Pauses every retention duty (in daemons and `pgwork cleanup`) at its next batch, without a restart: '
     '`pgwork cleanup --pause` / `--resume`.';
@@ -56,12 +51,17 @@ CREATE TABLE pgwork.reminder (
         CONSTRAINT reminder_due_at_sane CHECK (due_at > '1970-01-01 00:00+00' AND due_at < '9999-01-01 00:00+00'),
     due_local     timestamp,
     due_tz        text,
-    remind_before interval[] NOT NULL DEFAULT '{0}',
+    remind_before interval[] NOT NULL DEFAULT '{0}'
+        CONSTRAINT reminder_remind_before_1_to_16_entries CHECK (cardinality(remind_before) BETWEEN 1 AND 16)
+        CONSTRAINT reminder_remind_before_between_0_and_400_days
+            CHECK (array_position(remind_before, NULL) IS NULL
+                   AND '0'::interval <= ALL (remind_before) AND '400 days'::interval >= ALL (remind_before)),
     channel       text NOT NULL CONSTRAINT reminder_channel_known REFERENCES pgwork.channel (name),
     recipient     text NOT NULL
         CONSTRAINT reminder_recipient_valid CHECK (length(recipient) BETWEEN 1 AND 1000),
     payload       jsonb NOT NULL DEFAULT '{}'
-        CONSTRAINT reminder_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
+        CONSTRAINT reminder_payload_is_object CHECK (jsonb_typeof(payload) = 'object')
+        CONSTRAINT reminder_payload_at_most_64kib CHECK (pg_column_size(payload) <= 65536),
     next_fire_at  timestamptz,
     created_at    timestamptz NOT NULL DEFAULT now(),
     updated_at    timestamptz NOT NULL DEFAULT now(),
@@ -117,8 +117,9 @@ CREATE TABLE pgwork.renewal_work (
     dead_reason   text,
     redriven_at   timestamptz,
     redriven_by   text,
+    -- operation_id is a function of this key, so it is unique too; it has no index of its own
+    -- (every status change is a non-HOT update that pays for each index).
     CONSTRAINT work_occurrence_unique UNIQUE (reminder_id, deadline, occurrence),
-    CONSTRAINT work_operation_id_unique UNIQUE (operation_id),
     CONSTRAINT work_counters_valid CHECK (0 <= attempts_base AND attempts_base <= attempts AND attempts <= lease),
     CONSTRAINT work_finished_iff_terminal
         CHECK ((finished_at IS NOT NULL) = (status IN ('delivered', 'dead', 'cancelled', 'superseded'))),
@@ -278,10 +279,9 @@ COMMENT ON FUNCTION pgwork.operation_id(bigint, text, text, timestamptz, interva
 CREATE FUNCTION pgwork.reminder_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    what    text := format('reminder (%s, %s)', NEW.source, NEW.business_key);
-    b       interval;
-    bytes   integer;
+    what text;
 BEGIN
+    what := 'reminder (' || coalesce(NEW.source, 'NULL') || ', ' || coalesce(NEW.business_key, 'NULL') || ')';
     IF TG_OP = 'UPDATE' AND (NEW.source IS DISTINCT FROM OLD.source OR NEW.business_key IS DISTINCT FROM OLD.business_key) THEN
         RAISE EXCEPTION 'pgwork: source and business_key identify a reminder and cannot change'
             USING ERRCODE = 'check_violation', HINT = 'Delete the reminder and insert a new one.';
@@ -318,39 +318,24 @@ BEGIN
             USING ERRCODE = 'not_null_violation', HINT = 'Set due_at, or due_local and due_tz.';
     END IF;
 
-    -- Sends before the deadline.
-    IF NEW.remind_before IS NULL OR cardinality(NEW.remind_before) = 0 THEN
-        RAISE EXCEPTION 'pgwork: % has an empty remind_before', what
-            USING ERRCODE = 'check_violation', HINT = 'Use {0} for a single send at the deadline.';
-    END IF;
-    IF cardinality(NEW.remind_before) > 16 THEN
-        RAISE EXCEPTION 'pgwork: % has % entries in remind_before (at most 16)', what, cardinality(NEW.remind_before)
-            USING ERRCODE = 'check_violation';
-    END IF;
-    FOREACH b IN ARRAY NEW.remind_before LOOP
-        IF b IS NULL OR b < '0' OR b > '400 days' THEN
-            RAISE EXCEPTION 'pgwork: % has remind_before entry % (each must be between 0 and 400 days)', what, coalesce(b::text, 'NULL')
-                USING ERRCODE = 'check_violation';
-        END IF;
-    END LOOP;
-    IF (SELECT count(DISTINCT x) FROM unnest(NEW.remind_before) AS x) <> cardinality(NEW.remind_before) THEN
-        RAISE EXCEPTION 'pgwork: % lists the same remind_before entry twice', what
-            USING ERRCODE = 'check_violation';
-    END IF;
-
-    bytes := octet_length(NEW.payload::text);
-    IF bytes > 65536 THEN
-        RAISE EXCEPTION 'pgwork: % has a % byte payload (at most 65536)', what, bytes
-            USING ERRCODE = 'check_violation', HINT = 'Keep the payload small; store documents elsewhere and send a reference.';
-    END IF;
-
+    -- (Re)plan: every occurrence of the current schedule is due for materialisation again; ones
+    -- already made for this deadline are kept by ON CONFLICT. Ranges, counts and the payload
+    -- size are CHECK constraints (cheaper than checking here).
     IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
-        -- (Re)plan: every occurrence of the current schedule is due for materialisation again;
-        -- ones already made for this deadline are kept by ON CONFLICT.
-        SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
-          FROM unnest(NEW.remind_before) AS x;
+        IF NEW.due_local IS NULL AND NEW.remind_before = '{0}' THEN
+            NEW.next_fire_at := NEW.due_at;  -- the common case: one send, at the deadline
+        ELSE
+            IF cardinality(NEW.remind_before) > 1 AND (SELECT count(DISTINCT x) FROM unnest(NEW.remind_before) AS x) <> cardinality(NEW.remind_before) THEN
+                RAISE EXCEPTION 'pgwork: % lists the same remind_before entry twice', what
+                    USING ERRCODE = 'check_violation';
+            END IF;
+            SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
+              FROM unnest(NEW.remind_before) AS x;
+        END IF;
     END IF;
-    NEW.updated_at := now();
+    IF TG_OP = 'UPDATE' THEN
+        NEW.updated_at := now();
+    END IF;
     RETURN NEW;
 END
 $$;
@@ -388,28 +373,22 @@ $$;
 CREATE TRIGGER reminder_after_delete
     AFTER DELETE ON pgwork.reminder FOR EACH ROW EXECUTE FUNCTION pgwork.reminder_after_delete();
 
--- NOTIFY is a hint, sent at most once per statement and only when a written reminder fires
--- within the horizon, so a bulk insert of far-future deadlines costs no notification. The
--- daemons' own connections (pgwork.daemon = on) never notify themselves.
+-- NOTIFY is a hint: only for a written reminder that fires within the next hour (the longest
+-- look-ahead a daemon may use), so a bulk insert of far-future deadlines costs no notification
+-- (the WHEN clause is evaluated without calling any function). Postgres folds identical
+-- notifications of one transaction into one. The materialiser's own updates (next_fire_at only)
+-- do not fire it.
 CREATE FUNCTION pgwork.reminder_notify() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('pgwork.daemon', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    IF EXISTS (SELECT 1 FROM new_rows
-                WHERE next_fire_at <= now() + (SELECT notify_horizon FROM pgwork.config)) THEN
-        PERFORM pg_notify('pgwork_reminder', '');
-    END IF;
+    PERFORM pg_notify('pgwork_reminder', '');
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER reminder_notify_insert
-    AFTER INSERT ON pgwork.reminder REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION pgwork.reminder_notify();
-CREATE TRIGGER reminder_notify_update
-    AFTER UPDATE ON pgwork.reminder REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION pgwork.reminder_notify();
+CREATE TRIGGER reminder_notify
+    AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before ON pgwork.reminder
+    FOR EACH ROW WHEN (NEW.next_fire_at <= now() + interval '1 hour')
+    EXECUTE FUNCTION pgwork.reminder_notify();
 
 -- ---------------------------------------------------------------------------------------------
 -- What apps read
@@ -451,6 +430,7 @@ BEGIN
               UPDATE (due_at, due_local, due_tz, remind_before, channel, recipient, payload)
               ON pgwork.reminder TO pgwork_app;
         GRANT SELECT ON pgwork.reminder_status, pgwork.channel TO pgwork_app;
+        GRANT EXECUTE ON FUNCTION pgwork.reminder_notify() TO pgwork_app;
     END IF;
 END
 $$;

@@ -195,26 +195,34 @@ class WebhookChannel:
 
     #: Longest Retry-After honoured, seconds (a receiver asking for more gets this).
     MAX_RETRY_AFTER = 86400.0
+    #: Connections per HTTP client. httpx's pool slows down sharply with many concurrent requests
+    #: on one client (encode/httpx#3215), so the channel's concurrency is spread over several.
+    CONNECTIONS_PER_CLIENT = 4
 
     def __init__(self, config: ChannelConfig) -> None:
         self.config = config
         assert config.url is not None
         self.url = config.url
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
-            verify=config.verify_tls,
-            follow_redirects=False,
-            limits=httpx.Limits(
-                max_connections=config.concurrency, max_keepalive_connections=config.concurrency
-            ),
-            headers={"User-Agent": "pgwork", **config.headers},
-        )
+        per = min(self.CONNECTIONS_PER_CLIENT, config.concurrency)
+        self.clients = [
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
+                verify=config.verify_tls,
+                follow_redirects=False,
+                limits=httpx.Limits(max_connections=per, max_keepalive_connections=per),
+                headers={"User-Agent": "pgwork", **config.headers},
+            )
+            for _ in range(-(-config.concurrency // per))
+        ]
+        self._next = 0
 
     async def deliver(self, d: Delivery) -> Outcome:
         body = json.dumps(d.document(), separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": str(d.operation_id)}
+        self._next = (self._next + 1) % len(self.clients)
+        client = self.clients[self._next]
         try:
-            async with self.client.stream("POST", self.url, content=body, headers=headers) as resp:
+            async with client.stream("POST", self.url, content=body, headers=headers) as resp:
                 data = await self._read_capped(resp)
         except httpx.TimeoutException as e:
             return Retry(error=f"timeout: {type(e).__name__}", error_class=type(e).__name__)
@@ -253,7 +261,8 @@ class WebhookChannel:
         return b"".join(chunks)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        for c in self.clients:
+            await c.aclose()
 
 
 def _receipt(data: bytes, code: int) -> Any:

@@ -145,7 +145,8 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "database.connect_timeout": (0.1, 300),
     "daemon.shutdown_grace": (0, 3600),
     "materialiser.tick": (0.05, 3600),
-    "materialiser.lookahead": (0, 86400),
+    # NOTIFY covers reminders firing within the next hour (schema.sql): no longer look-ahead.
+    "materialiser.lookahead": (0, 3600),
     "materialiser.page_size": (1, 100_000),
     "worker.lease": (1, 86400),
     "worker.claim_batch": (1, 10_000),

@@ -14,7 +14,6 @@ import secrets
 import signal
 import socket
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -115,9 +114,6 @@ class Daemon:
             await conn.execute(
                 Q["register_channels"],
                 {"names": names, "kinds": [self.cfg.channels[n].kind for n in names]},
-            )
-            await conn.execute(
-                Q["raise_notify_horizon"], {"lookahead": timedelta(seconds=self.cfg.lookahead)}
             )
             daemon_id, host, pid = self.identity
             await conn.execute(

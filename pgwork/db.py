@@ -17,11 +17,9 @@ from .queries import Q, schema_sql
 
 log = logging.getLogger("pgwork.db")
 
-#: Session settings of every daemon connection. ``pgwork.daemon`` keeps the reminder triggers from
-#: notifying the daemon about its own writes; the timeouts keep a stuck statement or a forgotten
-#: transaction from holding locks (and the xmin horizon) for long.
+#: Session settings of every daemon connection: the timeouts keep a stuck statement or a
+#: forgotten transaction from holding locks (and the xmin horizon) for long.
 SESSION_SETTINGS = {
-    "pgwork.daemon": "on",
     "lock_timeout": "5s",
     "statement_timeout": "60s",
     "idle_in_transaction_session_timeout": "60s",

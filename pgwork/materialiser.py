@@ -27,6 +27,8 @@ class PassResult:
     made_due: int
     pages: int
     duration: float
+    #: The longest page transaction, seconds.
+    longest_page: float
     next_fire_at: datetime | None
 
 
@@ -54,7 +56,9 @@ async def run_once(
         )["cutoff"]
     after_at, after_id = _EPOCH, 0
     scanned = made = made_due = pages = 0
+    longest = 0.0
     while True:
+        p0 = time.monotonic()
         async with conn.transaction():
             if coordinate and not (await fetch_one(conn, "materialise_try_lock"))["got"]:
                 return None
@@ -65,6 +69,7 @@ async def run_once(
             )
             if page["made_due"]:
                 await conn.execute(Q["materialise_wake_workers"])
+        longest = max(longest, time.monotonic() - p0)
         pages += 1
         scanned += page["scanned"]
         made += page["made"]
@@ -90,4 +95,4 @@ async def run_once(
                 "duration_ms": round(duration * 1000, 1),
             },
         )
-    return PassResult(cutoff, scanned, made, made_due, pages, duration, nxt)
+    return PassResult(cutoff, scanned, made, made_due, pages, duration, longest, nxt)

@@ -187,20 +187,20 @@ BAD_ROWS = [
         "negative offset",
         "(source, business_key, due_at, remind_before, channel, recipient) VALUES ('s', 'k', now(), '{-1 day}', 'log', 'r')",
         errors.CheckViolation,
-        "remind_before entry -1 days",
+        "reminder_remind_before_between_0_and_400_days",
     ),
     (
         "absurd offset",
         "(source, business_key, due_at, remind_before, channel, recipient) "
         "VALUES ('s', 'k', now(), '{5 years}', 'log', 'r')",
         errors.CheckViolation,
-        "between 0 and 400 days",
+        "reminder_remind_before_between_0_and_400_days",
     ),
     (
         "empty offsets",
         "(source, business_key, due_at, remind_before, channel, recipient) VALUES ('s', 'k', now(), '{}', 'log', 'r')",
         errors.CheckViolation,
-        "empty remind_before",
+        "reminder_remind_before_1_to_16_entries",
     ),
     (
         "duplicate offsets",
@@ -212,9 +212,9 @@ BAD_ROWS = [
     (
         "payload too big",
         "(source, business_key, due_at, channel, recipient, payload) "
-        "VALUES ('s', 'k', now(), 'log', 'r', jsonb_build_object('x', repeat('a', 70000)))",
+        "VALUES ('s', 'k', now(), 'log', 'r', jsonb_build_object('x', (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 2100) g)))",
         errors.CheckViolation,
-        "payload (at most 65536)",
+        "reminder_payload_at_most_64kib",
     ),
     (
         "payload not an object",
@@ -311,7 +311,7 @@ async def test_app_role_can_schedule_move_cancel_and_nothing_else(
                 "SELECT * FROM pgwork.attempt",
                 "INSERT INTO pgwork.channel (name, kind) VALUES ('x', 'log')",
                 "UPDATE pgwork.reminder SET next_fire_at = NULL",
-                "UPDATE pgwork.config SET notify_horizon = '1 day'",
+                "UPDATE pgwork.config SET retention_paused = true",
             ):
                 with pytest.raises(errors.InsufficientPrivilege):
                     await a.execute(forbidden)

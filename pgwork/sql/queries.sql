@@ -85,10 +85,6 @@ UPDATE pgwork.materialiser_state
 -- The earliest occurrence not yet materialised (the materialiser sleeps until it enters the window).
 SELECT min(next_fire_at) AS at FROM pgwork.reminder WHERE next_fire_at IS NOT NULL
 
--- name: raise_notify_horizon
--- A daemon with a longer look-ahead widens the horizon within which writes notify.
-UPDATE pgwork.config SET notify_horizon = greatest(notify_horizon, %(lookahead)s::interval)
-
 -- name: register_channels
 -- Make the configured channels known, so reminders naming them are accepted.
 INSERT INTO pgwork.channel (name, kind)

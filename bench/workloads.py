@@ -1,0 +1,646 @@
+"""The benchmark workloads. Each takes a fresh database (cloned from a migrated template) and
+returns its figures; the runner repeats them in interleaved rounds."""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+
+from pgwork import db, materialiser
+from pgwork.channels import Delivered, Delivery, WebhookChannel
+from pgwork.config import ChannelConfig, Config, RetentionPolicy, RetryPolicy
+from pgwork.daemon import Daemon
+from pgwork.retention import Retention
+
+from . import noop
+from .cpu import CpuMeter, rss_kb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Sizes:
+    burndown: int = 100_000
+    webhook: int = 20_000
+    latency_samples: int = 500
+    lateness: int = 2_000
+    lateness_window: float = 60.0
+    materialise: int = 1_000_000
+    retention: int = 1_000_000
+    retention_burndown: int = 50_000
+    scale_far: int = 10_000_000
+    scale_terminal: int = 1_000_000
+    app_insert: int = 100_000
+    memory_seconds: float = 1200.0
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    burndown=50_000,
+    webhook=10_000,
+    latency_samples=500,
+    lateness=1_000,
+    lateness_window=30,
+    materialise=200_000,
+    retention=200_000,
+    retention_burndown=30_000,
+    scale_far=1_000_000,
+    scale_terminal=200_000,
+    app_insert=50_000,
+    memory_seconds=120,
+)
+SMOKE = Sizes(
+    burndown=2_000,
+    webhook=300,
+    latency_samples=20,
+    lateness=40,
+    lateness_window=2,
+    materialise=3_000,
+    retention=3_000,
+    retention_burndown=1_000,
+    scale_far=5_000,
+    scale_terminal=2_000,
+    app_insert=2_000,
+    memory_seconds=3,
+)
+
+#: The daemon's settings for throughput workloads (no-op Python channel).
+CONCURRENCY = 16
+CLAIM_BATCH = 100
+
+
+@dataclass
+class Ctx:
+    admin_dsn: str
+    template: str
+    postmaster: int | None
+    sizes: Sizes
+    #: Figures shared between workloads of one round (e.g. burn-down alone, for ratios).
+    round_figures: dict[str, float] = field(default_factory=dict)
+    _n: int = 0
+
+    def fresh(self, template: str | None = None) -> tuple[str, str]:
+        self._n += 1
+        name = f"pgwork_bench_{os.getpid()}_{self._n}"
+        with psycopg.connect(self.admin_dsn, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template or self.template}"')
+        return name, psycopg.conninfo.make_conninfo(self.admin_dsn, dbname=name)
+
+    def drop(self, name: str) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def noop_channel(concurrency: int = CONCURRENCY) -> ChannelConfig:
+    return ChannelConfig(
+        name="noop",
+        kind="python",
+        target="bench.noop:deliver",
+        concurrency=concurrency,
+        retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
+    )
+
+
+def daemon_config(*channels: ChannelConfig, **kw: Any) -> Config:
+    base: dict[str, Any] = {
+        "metrics_enabled": False,
+        "retention_enabled": False,
+        "log_level": "warning",
+        "claim_batch": CLAIM_BATCH,
+        "pool_size": 8,
+    }
+    base.update(kw)
+    return Config(channels={c.name: c for c in (channels or (noop_channel(),))}, **base)
+
+
+async def insert_due(
+    conn: psycopg.AsyncConnection[Any],
+    n: int,
+    *,
+    channel: str = "noop",
+    key: str = "k",
+    due: str = "now() - interval '1 minute'",
+    chunk: int = 50_000,
+) -> None:
+    for start in range(0, n, chunk):
+        k = min(chunk, n - start)
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            f"SELECT 'bench', %s || g, {due}, %s, 'r' FROM generate_series(%s::int, %s::int) g",
+            (key, channel, start + 1, start + k),
+        )
+
+
+async def prepare_measure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """As the peer harness does before timing: fresh statistics, no dirty buffers."""
+    await conn.execute("VACUUM (ANALYZE) pgwork.renewal_work, pgwork.reminder, pgwork.attempt")
+    await conn.execute("CHECKPOINT")
+
+
+async def seed_work(dsn: str, n: int, channel: str = "noop") -> None:
+    """``n`` claimable work rows (reminders inserted and materialised; not timed)."""
+    async with await db.connect(dsn) as c:
+        await insert_due(c, n, channel=channel)
+        res = await materialiser.run_once(c, lookahead=0, page_size=10_000)
+        assert res is not None and res.made == n, res
+        await prepare_measure(c)
+
+
+async def drain(
+    dsn: str,
+    cfg: Config,
+    n: int,
+    postmaster: int | None,
+    during: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> dict[str, float]:
+    """Run a daemon until ``n`` outcomes are durable; time from its first claim."""
+    d = Daemon(cfg, dsn)
+    attempts = d.metrics.attempts
+    claimed = d.metrics.claimed
+
+    def settled() -> float:
+        return sum(
+            float(attempts.labels(c, o)._value.get())
+            for c in cfg.channels
+            for o in ("delivered", "duplicate")
+        )
+
+    def first() -> float:
+        return float(sum(claimed.labels(c)._value.get() for c in cfg.channels))
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(d.run)
+        while first() == 0:
+            await anyio.sleep(0.001)
+        with CpuMeter(postmaster) as cpu:
+            if during is not None:
+                tg.start_soon(during)
+            while settled() < n:
+                await anyio.sleep(0.002)
+        d.request_stop()
+        tg.cancel_scope.deadline = anyio.current_time() + 30
+    return {"jobs_per_s": n / cpu.elapsed, "seconds": cpu.elapsed, **cpu.as_dict()}
+
+
+# -- 1. burn-down --------------------------------------------------------------------------
+
+
+async def w_burndown(ctx: Ctx) -> dict[str, float]:
+    name, dsn = ctx.fresh()
+    try:
+        n = ctx.sizes.burndown
+        await seed_work(dsn, n)
+        r = await drain(dsn, daemon_config(), n, ctx.postmaster)
+        ctx.round_figures["burndown"] = r["jobs_per_s"]
+        return r
+    finally:
+        ctx.drop(name)
+
+
+# -- 2. webhook burn-down ------------------------------------------------------------------
+
+
+def _start_receiver() -> tuple[subprocess.Popen[str], str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bench.http_receiver", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p, f"http://127.0.0.1:{port}/hook"
+
+
+async def w_webhook(ctx: Ctx) -> dict[str, float]:
+    name, dsn = ctx.fresh()
+    proc, url = _start_receiver()
+    try:
+        n = ctx.sizes.webhook
+        await seed_work(dsn, n, channel="hook")
+        hook = ChannelConfig(
+            name="hook",
+            kind="webhook",
+            url=url,
+            concurrency=32,
+            retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
+        )
+        r = await drain(dsn, daemon_config(hook), n, ctx.postmaster)
+        # The HTTP limit: the same channel object (same clients, concurrency and document), no database.
+        channel = WebhookChannel(hook)
+        d = Delivery(
+            work_id=1,
+            operation_id=uuid.uuid4(),
+            source="bench",
+            business_key="k1",
+            deadline=datetime.now(UTC),
+            occurrence=timedelta(0),
+            due_at=datetime.now(UTC),
+            channel="hook",
+            recipient="r",
+            payload={},
+            attempt=1,
+        )
+        left = n
+
+        async def poster() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                assert isinstance(await channel.deliver(d), Delivered)
+
+        try:
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for _ in range(hook.concurrency):
+                    tg.start_soon(poster)
+            bare = n / (time.perf_counter() - t0)
+        finally:
+            await channel.aclose()
+        return {**r, "http_limit_per_s": bare, "ratio_to_http_limit": r["jobs_per_s"] / bare}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        ctx.drop(name)
+
+
+# -- 3. insert -> delivery latency ---------------------------------------------------------
+
+
+async def w_latency(ctx: Ctx, *, template: str | None = None) -> dict[str, float]:
+    name, dsn = ctx.fresh(template)
+    noop.RECORD = True
+    try:
+        samples: list[float] = []
+        async with anyio.create_task_group() as tg:
+            d = Daemon(daemon_config(), dsn)
+            await tg.start(d.run)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+                while d.metrics.listener_up._value.get() != 1:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.2)
+                for i in range(ctx.sizes.latency_samples):
+                    key = f"lat{i}"
+                    noop.expect(key)
+                    t0 = time.time()
+                    await app.execute(
+                        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                        "VALUES ('bench', %s, now(), 'noop', 'r')",
+                        (key,),
+                    )
+                    with anyio.fail_after(10):
+                        called = await noop.wait(key)
+                    samples.append((called - t0) * 1000)
+                    await anyio.sleep(0.01)
+            d.request_stop()
+        return summary_ms(samples, "lat")
+    finally:
+        noop.RECORD = False
+        ctx.drop(name)
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))]
+
+
+def summary_ms(samples: list[float], prefix: str) -> dict[str, float]:
+    return {
+        f"{prefix}_p50_ms": pct(samples, 50),
+        f"{prefix}_p99_ms": pct(samples, 99),
+        f"{prefix}_max_ms": max(samples),
+        f"{prefix}_mean_ms": statistics.fmean(samples),
+        "samples": len(samples),
+    }
+
+
+# -- 4. lateness ---------------------------------------------------------------------------
+
+
+async def w_lateness(ctx: Ctx) -> dict[str, float]:
+    name, dsn = ctx.fresh()
+    noop.RECORD = True
+    try:
+        n, window = ctx.sizes.lateness, ctx.sizes.lateness_window
+        async with anyio.create_task_group() as tg:
+            d = Daemon(daemon_config(), dsn)  # default tick (5 s) and look-ahead (5 min)
+            await tg.start(d.run)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+                await app.execute(
+                    "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                    "SELECT 'bench', 'late' || g, now() + interval '2 seconds' + random() * %s * interval '1 second', "
+                    "'noop', 'r' FROM generate_series(1, %s) g",
+                    (window, n),
+                )
+                cur = await app.execute(
+                    "SELECT business_key, extract(epoch FROM due_at) FROM pgwork.reminder"
+                )
+                due = {k: float(t) for k, t in await cur.fetchall()}
+            with anyio.fail_after(window + 60):
+                while len(noop.CALLED) < n:
+                    await anyio.sleep(0.1)
+            d.request_stop()
+        late = [(noop.CALLED[k] - t) * 1000 for k, t in due.items()]
+        return {**summary_ms(late, "late"), "early": sum(1 for x in late if x < 0)}
+    finally:
+        noop.RECORD = False
+        ctx.drop(name)
+
+
+# -- 5. materialise ------------------------------------------------------------------------
+
+
+BARE_INSERT = """
+INSERT INTO pgwork.renewal_work (reminder_id, source, business_key, deadline, occurrence, due_at, channel,
+                                 operation_id, available_at)
+SELECT r.id, r.source, r.business_key, r.due_at, b, r.due_at, r.channel,
+       pgwork.operation_id(r.id, r.source, r.business_key, r.due_at, b), r.due_at
+  FROM pgwork.reminder r, unnest(r.remind_before) b
+"""
+
+
+async def w_materialise(ctx: Ctx) -> dict[str, float]:
+    n = ctx.sizes.materialise
+    out: dict[str, float] = {}
+    for bare in (False, True):
+        name, dsn = ctx.fresh()
+        try:
+            async with await db.connect(dsn) as c:
+                await insert_due(c, n, due="now() - interval '1 second'")
+                await prepare_measure(c)
+                with CpuMeter(ctx.postmaster) as cpu:
+                    if bare:
+                        await c.execute(BARE_INSERT)
+                    else:
+                        res = await materialiser.run_once(
+                            c, lookahead=0, page_size=Config().page_size
+                        )
+                        assert res is not None and res.made == n
+                if bare:
+                    out["bare_rows_per_s"] = n / cpu.elapsed
+                else:
+                    assert res is not None
+                    out.update(
+                        {
+                            "rows_per_s": n / cpu.elapsed,
+                            "longest_txn_ms": res.longest_page * 1000,
+                            **cpu.as_dict(),
+                        }
+                    )
+        finally:
+            ctx.drop(name)
+    out["ratio_to_bare"] = out["rows_per_s"] / out["bare_rows_per_s"]
+    return out
+
+
+# -- 6. retention --------------------------------------------------------------------------
+
+
+SEED_TERMINAL = """
+INSERT INTO pgwork.renewal_work (reminder_id, source, business_key, deadline, occurrence, due_at, channel,
+    operation_id, status, available_at, attempts, lease, claimed_at, claimed_by, finished_at)
+SELECT -g, 'old', 'k' || g, now() - interval '40 days', '0', now() - interval '40 days', 'noop',
+       md5('old' || g)::uuid, 'delivered', now(), 1, 1, now(), 'd',
+       now() - interval '40 days' + g * interval '1 millisecond'
+  FROM generate_series(%(start)s::int, %(end)s::int) g;
+INSERT INTO pgwork.attempt (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome)
+SELECT id, 1, 1, 'd', 'h', 1, finished_at, finished_at, 'delivered'
+  FROM pgwork.renewal_work WHERE reminder_id BETWEEN -%(end)s AND -%(start)s
+"""
+
+
+async def seed_terminal(c: psycopg.AsyncConnection[Any], n: int) -> None:
+    for start in range(1, n + 1, 200_000):
+        end = min(n, start + 200_000 - 1)
+        for stmt in SEED_TERMINAL.split(";"):
+            await c.execute(stmt, {"start": start, "end": end})
+
+
+async def w_retention(ctx: Ctx) -> dict[str, float]:
+    n = ctx.sizes.retention
+    out: dict[str, float] = {}
+    name, dsn = ctx.fresh()
+    try:
+        async with await db.connect(dsn) as c:
+            await seed_terminal(c, n)
+            await prepare_measure(c)
+            r = Retention(RetentionPolicy())
+            await r.configure(c)
+            with CpuMeter(ctx.postmaster) as cpu:
+                res = await r.run_once(c)
+            assert res.deleted == n, res
+            out.update(
+                {
+                    "rows_per_s": n / cpu.elapsed,
+                    "longest_batch_ms": res.longest_batch * 1000,
+                    "batches": res.batches,
+                    "timeouts": res.timeouts,
+                }
+            )
+    finally:
+        ctx.drop(name)
+    # Burn-down alone, then with retention deleting n terminal rows at the same time.
+    m = ctx.sizes.retention_burndown
+    for with_retention in (False, True):
+        name, dsn = ctx.fresh()
+        try:
+            async with await db.connect(dsn) as c:
+                if with_retention:
+                    await seed_terminal(c, n)
+            await seed_work(dsn, m)
+            longest = 0.0
+
+            async def retention(dsn: str = dsn) -> None:
+                nonlocal longest
+                async with await db.connect(dsn) as rc:
+                    rr = Retention(RetentionPolicy())
+                    await rr.configure(rc)
+                    res = await rr.run_once(rc)
+                    longest = res.longest_batch
+
+            got = await drain(
+                dsn,
+                daemon_config(),
+                m,
+                ctx.postmaster,
+                during=retention if with_retention else None,
+            )
+            key = "burndown_with_retention_per_s" if with_retention else "burndown_alone_per_s"
+            out[key] = got["jobs_per_s"]
+            if with_retention:
+                out["longest_batch_during_burndown_ms"] = longest * 1000
+        finally:
+            ctx.drop(name)
+    out["burndown_ratio_with_retention"] = (
+        out["burndown_with_retention_per_s"] / out["burndown_alone_per_s"]
+    )
+    return out
+
+
+# -- 7. scale ------------------------------------------------------------------------------
+
+
+async def build_scale_template(ctx: Ctx) -> str:
+    """A template with ``scale_far`` far-future reminders and ``scale_terminal`` retained rows."""
+    name, dsn = ctx.fresh()
+    async with await db.connect(dsn) as c:
+        await insert_due(
+            c,
+            ctx.sizes.scale_far,
+            key="far",
+            chunk=500_000,
+            due="now() + interval '30 days' + g * interval '1 second'",
+        )
+        await seed_terminal(c, ctx.sizes.scale_terminal)
+        await prepare_measure(c)
+    return name
+
+
+async def w_scale(ctx: Ctx, scale_template: str) -> dict[str, float]:
+    name, dsn = ctx.fresh(scale_template)
+    try:
+        n = ctx.sizes.burndown
+        await seed_work(dsn, n)
+        bd = await drain(dsn, daemon_config(), n, ctx.postmaster)
+    finally:
+        ctx.drop(name)
+    lat = await w_latency(ctx, template=scale_template)
+    out = {"burndown_per_s": bd["jobs_per_s"], **lat}
+    if "burndown" in ctx.round_figures:
+        out["burndown_ratio"] = bd["jobs_per_s"] / ctx.round_figures["burndown"]
+    if "lat_p50_ms" in ctx.round_figures:
+        out["latency_p50_ratio"] = ctx.round_figures["lat_p50_ms"] / lat["lat_p50_ms"]
+    return out
+
+
+# -- 8. app insert cost --------------------------------------------------------------------
+
+
+async def w_app_insert(ctx: Ctx) -> dict[str, float]:
+    n = ctx.sizes.app_insert
+    out: dict[str, float] = {}
+    for triggers in (True, False):
+        name, dsn = ctx.fresh()
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+                if not triggers:
+                    await app.execute("ALTER TABLE pgwork.reminder DISABLE TRIGGER USER")
+                t0 = time.perf_counter()
+                for start in range(0, n, 1000):  # one producer, chunks of 1000 rows
+                    keys = [f"app{start + i}" for i in range(min(1000, n - start))]
+                    await app.execute(
+                        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                        "SELECT 'app', k, now() + interval '60 days', 'noop', 'r' FROM unnest(%s::text[]) k",
+                        (keys,),
+                    )
+                rate = n / (time.perf_counter() - t0)
+            out["rows_per_s" if triggers else "no_triggers_rows_per_s"] = rate
+        finally:
+            ctx.drop(name)
+    out["ratio"] = out["rows_per_s"] / out["no_triggers_rows_per_s"]
+    return out
+
+
+# -- 9. memory -----------------------------------------------------------------------------
+
+
+MEMORY_CONFIG = """
+[materialiser]
+tick = "5s"
+[metrics]
+enabled = false
+[retention]
+enabled = false
+[log]
+level = "warning"
+[channels.noop]
+kind = "python"
+target = "bench.noop:deliver"
+concurrency = 16
+"""
+
+
+async def w_memory(ctx: Ctx, rate: float) -> dict[str, float]:
+    """Peak RSS of a daemon process during a burn-down, then RSS growth under a steady load at
+    ``rate`` reminders/s for ``memory_seconds``."""
+    name, dsn = ctx.fresh()
+    cfg = Path(f"/tmp/pgwork-bench-{os.getpid()}.toml")
+    cfg.write_text(MEMORY_CONFIG)
+    proc = None
+    try:
+        n = ctx.sizes.burndown
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+            await insert_due(app, n)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
+                cwd=ROOT,
+                env={**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT)},
+            )
+
+            async def delivered() -> int:
+                cur = await app.execute(
+                    "SELECT count(*) FROM pgwork.renewal_work WHERE status = 'delivered'"
+                )
+                row = await cur.fetchone()
+                return int(row[0]) if row else 0
+
+            with anyio.fail_after(600):
+                while await delivered() < n:
+                    await anyio.sleep(0.2)
+            _, peak_kb = rss_kb(proc.pid)
+            # Steady load: reminders due now, at `rate` per second, in ten inserts a second.
+            per_tick = max(1, int(rate / 10))
+            t_end = time.monotonic() + ctx.sizes.memory_seconds
+            warm_at = time.monotonic() + min(60.0, ctx.sizes.memory_seconds / 4)
+            warm_kb = 0
+            i = 0
+            while time.monotonic() < t_end:
+                await insert_due(app, per_tick, key=f"steady{i}_", due="now()")
+                i += 1
+                if not warm_kb and time.monotonic() >= warm_at:
+                    warm_kb = rss_kb(proc.pid)[0]
+                await anyio.sleep(0.1)
+            end_kb = rss_kb(proc.pid)[0]
+        warm_kb = warm_kb or end_kb
+        return {
+            "peak_rss_mb": peak_kb / 1024,
+            "steady_rss_start_mb": warm_kb / 1024,
+            "steady_rss_end_mb": end_kb / 1024,
+            "rss_growth_pct": 100 * (end_kb - warm_kb) / warm_kb,
+            "steady_rate_per_s": per_tick * 10,
+            "steady_seconds": ctx.sizes.memory_seconds,
+        }
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+        cfg.unlink(missing_ok=True)
+        ctx.drop(name)
+
+
+def shrink(s: Sizes, factor: float) -> Sizes:
+    return replace(
+        s,
+        **{k: max(1, int(v * factor)) if isinstance(v, int) else v for k, v in s.__dict__.items()},
+    )
+
+
+def randomise(seed: int) -> None:
+    random.seed(seed)
