@@ -82,12 +82,15 @@ COMMENT ON COLUMN pgwork.reminder.remind_before IS
     'One send per entry, that long before the deadline: {0} sends at the deadline; '
     '{30 days,7 days,1 day} sends three times. Each entry is its own occurrence.';
 COMMENT ON COLUMN pgwork.reminder.next_fire_at IS
-    'Maintained by pgwork: the earliest occurrence not yet materialised, NULL when all are. '
-    'This is the materialiser''s progress; retention never resets it, so deleting old work rows '
-    'can never cause a second send.';
+    'Maintained by pgwork: when the earliest occurrence not yet materialised fires; ''infinity'' '
+    'when all are; NULL means due_at (the common reminder: one send at the deadline, written without '
+    'any trigger call). This is the materialiser''s progress; retention never resets it, so deleting '
+    'old work rows can never cause a second send.';
 
--- The materialiser's eligibility predicate, exactly: next_fire_at <= cutoff, paged by (next_fire_at, id).
-CREATE INDEX reminder_next_fire ON pgwork.reminder (next_fire_at, id) WHERE next_fire_at IS NOT NULL;
+-- The materialiser's eligibility predicate, exactly: coalesce(next_fire_at, due_at) <= cutoff for
+-- reminders with something left to materialise, paged by (that instant, id).
+CREATE INDEX reminder_next_fire ON pgwork.reminder ((coalesce(next_fire_at, due_at)), id)
+    WHERE next_fire_at IS NULL OR next_fire_at < 'infinity';
 
 -- ---------------------------------------------------------------------------------------------
 -- Attempt time: one row per materialised occurrence, written only by the daemon.
@@ -281,7 +284,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     what text;
 BEGIN
-    what := 'reminder (' || coalesce(NEW.source, 'NULL') || ', ' || coalesce(NEW.business_key, 'NULL') || ')';
+    what := format('reminder (%s, %s)', NEW.source, NEW.business_key);
     IF TG_OP = 'UPDATE' AND (NEW.source IS DISTINCT FROM OLD.source OR NEW.business_key IS DISTINCT FROM OLD.business_key) THEN
         RAISE EXCEPTION 'pgwork: source and business_key identify a reminder and cannot change'
             USING ERRCODE = 'check_violation', HINT = 'Delete the reminder and insert a new one.';
@@ -323,7 +326,7 @@ BEGIN
     -- size are CHECK constraints (cheaper than checking here).
     IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
         IF NEW.due_local IS NULL AND NEW.remind_before = '{0}' THEN
-            NEW.next_fire_at := NEW.due_at;  -- the common case: one send, at the deadline
+            NEW.next_fire_at := NULL;  -- the common case: one send, at the deadline (due_at)
         ELSE
             IF cardinality(NEW.remind_before) > 1 AND (SELECT count(DISTINCT x) FROM unnest(NEW.remind_before) AS x) <> cardinality(NEW.remind_before) THEN
                 RAISE EXCEPTION 'pgwork: % lists the same remind_before entry twice', what
@@ -340,8 +343,15 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER reminder_before_write
-    BEFORE INSERT OR UPDATE OF source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload
+-- The common insert (an instant deadline, one send at it) needs no trigger call at all: its
+-- next_fire_at stays NULL, which means due_at. Everything else goes through the function.
+CREATE TRIGGER reminder_before_insert
+    BEFORE INSERT ON pgwork.reminder FOR EACH ROW
+    WHEN (NEW.due_at IS NULL OR NEW.due_local IS NOT NULL OR NEW.due_tz IS NOT NULL
+          OR NEW.remind_before IS DISTINCT FROM '{0}'::interval[] OR NEW.next_fire_at IS NOT NULL)
+    EXECUTE FUNCTION pgwork.reminder_before_write();
+CREATE TRIGGER reminder_before_update
+    BEFORE UPDATE OF source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload
     ON pgwork.reminder FOR EACH ROW EXECUTE FUNCTION pgwork.reminder_before_write();
 
 -- Unclaimed work for a schedule that no longer holds is closed at once; work already claimed is
@@ -387,7 +397,7 @@ END
 $$;
 CREATE TRIGGER reminder_notify
     AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before ON pgwork.reminder
-    FOR EACH ROW WHEN (NEW.next_fire_at <= now() + interval '1 hour')
+    FOR EACH ROW WHEN (coalesce(NEW.next_fire_at, NEW.due_at) <= now() + interval '1 hour')
     EXECUTE FUNCTION pgwork.reminder_notify();
 
 -- ---------------------------------------------------------------------------------------------

@@ -206,19 +206,20 @@ class Daemon:
             connect_timeout=cfg.connect_timeout,
         )
 
+        def wake_workers() -> None:
+            for w in workers.values():
+                w.waker.wake("local")
+
         async def materialise_step() -> Next:
             async with pool.connection() as conn:
                 res = await materialiser.run_once(
-                    conn, lookahead=cfg.lookahead, page_size=cfg.page_size
+                    conn, lookahead=cfg.lookahead, page_size=cfg.page_size, on_due=wake_workers
                 )
             if res is None:
                 return Next(materialiser.BUSY_RETRY, "busy")
             self.metrics.materialised.inc(res.made)
             self.metrics.materialiser_cutoff.set(res.cutoff.timestamp())
             self.metrics.materialiser_pass.observe(res.duration)
-            if res.made_due:
-                for w in workers.values():
-                    w.waker.wake("local")
             if res.next_fire_at is None:
                 return Next(cfg.tick, "tick")
             # Sleep until the next known occurrence enters the look-ahead window.

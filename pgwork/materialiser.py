@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -42,12 +43,14 @@ async def run_once(
     page_size: int,
     cutoff: datetime | None = None,
     coordinate: bool = True,
+    on_due: Callable[[], None] | None = None,
 ) -> PassResult | None:
     """One complete pass: every occurrence firing at or before the cutoff gets its work row.
 
     Pages on ``(next_fire_at, id)``, one short transaction per page. Returns None when another
     materialiser holds the lock (it is doing this work right now). ``coordinate=False`` skips the
-    lock: correctness never depends on it (tests use that to race two passes).
+    lock: correctness never depends on it (tests use that to race two passes). ``on_due`` is called
+    as soon as a page that made rows due now has committed (to wake local workers at once).
     """
     t0 = time.monotonic()
     if cutoff is None:
@@ -59,17 +62,22 @@ async def run_once(
     longest = 0.0
     while True:
         p0 = time.monotonic()
-        async with conn.transaction():
-            if coordinate and not (await fetch_one(conn, "materialise_try_lock"))["got"]:
-                return None
-            page = await fetch_one(
-                conn,
-                "materialise_page",
-                {"cutoff": cutoff, "after_at": after_at, "after_id": after_id, "limit": page_size},
-            )
-            if page["made_due"]:
-                await conn.execute(Q["materialise_wake_workers"])
+        page = await fetch_one(
+            conn,
+            "materialise_page",
+            {
+                "cutoff": cutoff,
+                "after_at": after_at,
+                "after_id": after_id,
+                "limit": page_size,
+                "coordinate": coordinate,
+            },
+        )
+        if not page["got"]:
+            return None
         longest = max(longest, time.monotonic() - p0)
+        if page["made_due"] and on_due is not None:
+            on_due()
         pages += 1
         scanned += page["scanned"]
         made += page["made"]
@@ -78,10 +86,12 @@ async def run_once(
             break
         after_at, after_id = page["last_at"], page["last_id"]
     duration = time.monotonic() - t0
-    await conn.execute(
-        Q["materialise_record_pass"],
-        {"cutoff": cutoff, "made": made, "duration_ms": duration * 1000},
-    )
+    async with conn.transaction():
+        await conn.execute(Q["materialise_async_commit"])
+        await conn.execute(
+            Q["materialise_record_pass"],
+            {"cutoff": cutoff, "made": made, "duration_ms": duration * 1000},
+        )
     nxt = (await fetch_one(conn, "next_fire_at"))["at"]
     if made:
         log.info(

@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .db import fetch_all
 from .metrics import Metrics
+from .queries import Q
 from .supervise import Backoff, Health
 
 log = logging.getLogger("pgwork.outcomes")
@@ -182,7 +183,9 @@ class OutcomeWriter:
             "host": self.host,
             "pid": self.pid,
         }
-        async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn, conn.transaction():
+            # Durable before anything counts as done, whatever the session's default.
+            await conn.execute(Q["synchronous_commit_on"])
             rows = await fetch_all(conn, "record_outcomes", params)
         batch.fenced = {r["fenced_id"] for r in rows}
         self.metrics.outcome_flushes.inc()

@@ -13,27 +13,36 @@ SELECT version FROM pgwork.schema_version
 -- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
 SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
 
--- name: materialise_try_lock
--- Only one materialiser pages at a time; the others retry shortly (correctness never depends on it).
-SELECT pg_try_advisory_xact_lock(hashtext('pgwork.materialise')) AS got
+-- name: materialise_async_commit
+SELECT set_config('synchronous_commit', 'off', true)
 
 -- name: materialise_cutoff
 -- The cutoff of a pass: everything firing at or before it gets its work row.
 SELECT now() + %(lookahead)s::interval AS cutoff
 
 -- name: materialise_page
--- One keyset page of reminders with an occurrence firing at or before the cutoff: insert their
--- work rows (a repeat is a no-op; a superseded row for the same deadline is revived because the
--- deadline came back), then advance each reminder's next_fire_at past the cutoff.
-WITH due AS MATERIALIZED (
-    SELECT r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz, r.remind_before,
-           r.channel, r.next_fire_at
+-- One keyset page of reminders with an occurrence firing at or before the cutoff, in one
+-- statement (its own transaction): insert their work rows (a repeat is a no-op; a superseded row
+-- for the same deadline is revived because the deadline came back), advance each reminder's
+-- next_fire_at past the cutoff ('infinity' when nothing is left), and NOTIFY the workers of every
+-- daemon when something became claimable. With coordinate, only one materialiser pages at a time
+-- (the others see got = false and retry shortly); correctness never depends on it. The daemon's
+-- pool commits this without waiting for the WAL flush: a page lost in a crash is redone by the
+-- next pass (the progress is in the same transaction), and work due now reaches a worker sooner.
+WITH lock AS MATERIALIZED (
+    SELECT CASE WHEN %(coordinate)s THEN pg_try_advisory_xact_lock(hashtext('pgwork.materialise'))
+                ELSE true END AS got
+), due AS MATERIALIZED (
+    SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
+           r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at
       FROM pgwork.reminder r
-     WHERE r.next_fire_at <= %(cutoff)s
-       AND (r.next_fire_at, r.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
-     ORDER BY r.next_fire_at, r.id
+     WHERE (SELECT got FROM lock)
+       AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+       AND coalesce(r.next_fire_at, r.due_at) <= %(cutoff)s
+       AND (coalesce(r.next_fire_at, r.due_at), r.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+     ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
      LIMIT %(limit)s
-       FOR UPDATE
+       FOR UPDATE OF r
 ), occ AS MATERIALIZED (
     SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before,
            pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at
@@ -51,26 +60,27 @@ WITH due AS MATERIALIZED (
      WHERE w.status = 'superseded'
     RETURNING w.due_at
 ), nxt AS (
-    SELECT o.id, min(o.fire_at) FILTER (WHERE o.fire_at > %(cutoff)s) AS next_fire_at
+    SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > %(cutoff)s), 'infinity') AS next_fire_at
       FROM occ o
      GROUP BY o.id
 ), advanced AS (
+    -- By ctid: the rows are locked by this statement, and a join on id would scan the table.
     UPDATE pgwork.reminder r
        SET next_fire_at = n.next_fire_at
-      FROM nxt n
-     WHERE r.id = n.id
+      FROM due d
+      JOIN nxt n ON n.id = d.id
+     WHERE r.ctid = d.row_ctid
 )
-SELECT (SELECT count(*) FROM due) AS scanned,
+SELECT (SELECT got FROM lock) AS got,
+       (SELECT count(*) FROM due) AS scanned,
        (SELECT count(*) FROM made) AS made,
        (SELECT count(*) FROM made WHERE due_at <= now()) AS made_due,
+       (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', '')
+                               WHERE EXISTS (SELECT 1 FROM made WHERE due_at <= now())) AS n) AS notified,
        (SELECT min(due_at) FROM made) AS earliest_made,
        l.next_fire_at AS last_at, l.id AS last_id
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (SELECT next_fire_at, id FROM due ORDER BY next_fire_at DESC, id DESC LIMIT 1) l ON true
-
--- name: materialise_wake_workers
--- Tell the workers of every daemon that work became claimable (once per page, never per row).
-SELECT pg_notify('pgwork_work', '')
 
 -- name: materialise_record_pass
 -- Evidence of a complete pass.
@@ -83,7 +93,11 @@ UPDATE pgwork.materialiser_state
 
 -- name: next_fire_at
 -- The earliest occurrence not yet materialised (the materialiser sleeps until it enters the window).
-SELECT min(next_fire_at) AS at FROM pgwork.reminder WHERE next_fire_at IS NOT NULL
+SELECT (SELECT coalesce(r.next_fire_at, r.due_at)
+          FROM pgwork.reminder r
+         WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+         LIMIT 1) AS at
 
 -- name: register_channels
 -- Make the configured channels known, so reminders naming them are accepted.
@@ -395,3 +409,7 @@ SELECT greatest(
 -- name: session_limits
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('lock_timeout', %(lock_timeout)s, false)
+
+-- name: synchronous_commit_on
+-- This transaction's commit waits for the WAL flush (outcomes: see db.POOL_SETTINGS).
+SELECT set_config('synchronous_commit', 'on', true)

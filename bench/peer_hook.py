@@ -1,0 +1,113 @@
+"""pgwork's row in ``shared/bench-peers`` (its ``PGWORK_BENCH_CMD`` hook).
+
+The peer harness runs this each round against a fresh database (libpq variables, PGDATABASE)
+with PB_JOBS, PB_BATCH, PB_WORKERS and PB_LAT_SAMPLES set, and reads the last stdout line::
+
+    PGWORK_BENCH_CMD='cd /path/to/pgwork && .venv/bin/python -m bench.peer_hook' \\
+        bash ../shared/bench-peers/run.sh
+
+Like the other rows: enqueue PB_JOBS jobs (chunks of 1000, one producer; for pgwork that is
+inserting reminders already due and materialising them), VACUUM (ANALYZE) and CHECKPOINT, then
+time only the drain (no-op Python channel, attempt ledger and fencing on), then measure
+enqueue-to-handler latency on an idle daemon. ``PGWORK_HOOK_BATCH`` and ``PGWORK_HOOK_CONCURRENCY``
+override the claim batch and the channel concurrency (defaults: PB_BATCH and PB_WORKERS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import anyio
+import psycopg
+
+from pgwork import db, materialiser
+
+from . import noop
+from . import workloads as w
+
+
+def env_dsn() -> str:
+    return psycopg.conninfo.make_conninfo(
+        "",
+        **{
+            k: os.environ[v]
+            for k, v in (
+                ("host", "PGHOST"),
+                ("port", "PGPORT"),
+                ("user", "PGUSER"),
+                ("dbname", "PGDATABASE"),
+            )
+            if os.environ.get(v)
+        },
+    )
+
+
+async def main() -> dict[str, float]:
+    jobs = int(os.environ.get("PB_JOBS", "100000"))
+    batch = int(os.environ.get("PGWORK_HOOK_BATCH") or os.environ.get("PB_BATCH", "10"))
+    conc = int(os.environ.get("PGWORK_HOOK_CONCURRENCY") or os.environ.get("PB_WORKERS", "4"))
+    samples = int(os.environ.get("PB_LAT_SAMPLES", "200"))
+    dsn = env_dsn()
+    async with await db.connect(dsn) as c:
+        await db.migrate(c)
+        await c.execute(
+            "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python') ON CONFLICT DO NOTHING"
+        )
+        t0 = time.perf_counter()
+        await w.insert_due(c, jobs, chunk=1000)
+        res = await materialiser.run_once(c, lookahead=0, page_size=10_000)
+        assert res is not None and res.made == jobs
+        enqueue = jobs / (time.perf_counter() - t0)
+        await w.prepare_measure(c)
+    cfg = w.daemon_config(w.noop_channel(conc), claim_batch=batch)
+    drained = await w.drain(dsn, cfg, jobs, w_postmaster(dsn))
+    # Latency: one reminder due now, inserted by another connection, until the channel is called.
+    noop.RECORD = True
+    lat: list[float] = []
+    async with anyio.create_task_group() as tg:
+        from pgwork.daemon import Daemon
+
+        d = Daemon(w.daemon_config(w.noop_channel(1), claim_batch=1), dsn)
+        await tg.start(d.run)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+            while d.metrics.listener_up._value.get() != 1:
+                await anyio.sleep(0.01)
+            for i in range(samples):
+                key = f"lat{i}"
+                noop.expect(key)
+                t = time.time()
+                await app.execute(
+                    "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                    "VALUES ('bench', %s, now(), 'noop', 'r')",
+                    (key,),
+                )
+                with anyio.fail_after(10):
+                    lat.append((await noop.wait(key) - t) * 1000)
+                await anyio.sleep(0.01)
+        d.request_stop()
+    return {
+        "drain_jobs_per_s": round(drained["jobs_per_s"], 1),
+        "enqueue_jobs_per_s": round(enqueue, 1),
+        "lat_p50_ms": round(w.pct(lat, 50), 3),
+        "lat_p99_ms": round(w.pct(lat, 99), 3),
+        "pg_cores": drained["pg_cores"],
+        "py_cores": drained["py_cores"],
+        "sys_cores": drained["sys_cores"],
+        "claim_batch": batch,
+        "concurrency": conc,
+    }
+
+
+def w_postmaster(dsn: str) -> int | None:
+    from .run import postmaster_of
+
+    return postmaster_of(dsn)
+
+
+if __name__ == "__main__":
+    result = anyio.run(main)
+    sys.stdout.flush()
+    print(json.dumps(result, sort_keys=True), flush=True)
