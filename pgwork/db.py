@@ -47,14 +47,6 @@ def describe(dsn: str) -> str:
     return f"{d.get('user') or '(default user)'}@{host}:{d.get('port') or 5432}/{d.get('dbname') or '(default db)'}"
 
 
-#: Added for the daemon's pool. Claims, heartbeats and materialiser pages commit without waiting
-#: for the WAL flush: one lost in a database crash is recovered like a killed worker (the row is
-#: claimable again; a late outcome is fenced; the retry carries the same idempotency key), and
-#: any later synchronous commit flushes it anyway. Outcomes are written with a synchronous
-#: commit, explicitly (outcomes.py): "delivered" is durable before the work counts as done.
-POOL_SETTINGS = {"synchronous_commit": "off"}
-
-
 def session_conninfo(dsn: str, extra: dict[str, str] | None = None) -> str:
     """``dsn`` plus pgwork's session settings, keeping any options already in it."""
     d = conninfo_to_dict(dsn)
@@ -74,7 +66,7 @@ async def connect(dsn: str, *, timeout: float = 5.0, **kwargs: Any) -> AsyncConn
 
 def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
     return AsyncConnectionPool(
-        session_conninfo(dsn, POOL_SETTINGS),
+        session_conninfo(dsn),
         min_size=1,
         max_size=size,
         timeout=timeout,

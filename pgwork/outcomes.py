@@ -17,7 +17,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from .db import fetch_all
 from .metrics import Metrics
-from .queries import Q
 from .supervise import Backoff, Health
 
 log = logging.getLogger("pgwork.outcomes")
@@ -82,6 +81,8 @@ class _Batch:
 class OutcomeWriter:
     #: Most records written by one statement.
     MAX_BATCH = 1000
+    #: Flushes under way at once (Postgres commits concurrent flushes with one WAL flush).
+    FLUSHES = 2
 
     def __init__(
         self,
@@ -101,9 +102,13 @@ class OutcomeWriter:
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
+        self._writing = 0
 
     def pending(self) -> int:
-        return len(self._current.records) + sum(len(b.records) for b in self._waiting)
+        """Outcomes not yet durable: queued, or in a flush under way."""
+        return (
+            len(self._current.records) + sum(len(b.records) for b in self._waiting) + self._writing
+        )
 
     def submit(self, rec: Record) -> None:
         """Queue ``rec``; it is written with the next flush, and ``on_written`` is called with it
@@ -134,18 +139,27 @@ class OutcomeWriter:
         return None
 
     async def run(self) -> None:
-        """Flush whatever is pending as soon as the previous flush is done (at most one flush in
-        flight; batches grow under load). Retries a failed flush until it succeeds."""
-        backoff = Backoff()
-        while True:
-            batch = self._take()
-            if batch is None:
-                self._idle.set()
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                continue
+        """Flush whatever is pending at once, with up to ``FLUSHES`` flushes under way (batches
+        grow while they are); a failed flush is retried until it succeeds."""
+        limiter = anyio.Semaphore(self.FLUSHES)
+        async with anyio.create_task_group() as tg:
             while True:
-                self.health.begin("outcomes")
+                batch = self._take()
+                if batch is None:
+                    if not self.pending():
+                        self._idle.set()
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    continue
+                await limiter.acquire()
+                self._writing += len(batch.records)
+                tg.start_soon(self._flush, batch, limiter)
+
+    async def _flush(self, batch: _Batch, limiter: anyio.Semaphore) -> None:
+        backoff = Backoff()
+        try:
+            while True:
+                self.health.begin(f"outcomes:{id(batch)}")
                 try:
                     await self._write(batch)
                 except Exception as e:
@@ -161,19 +175,25 @@ class OutcomeWriter:
                     await anyio.sleep(delay)
                     continue
                 finally:
-                    self.health.end("outcomes")
+                    self.health.end(f"outcomes:{id(batch)}")
                 if backoff.failures:
                     self.metrics.duty_restarts.labels("outcomes").inc()
-                    backoff.reset()
                 break
-            batch.done.set()
-            self.metrics.outcomes_pending.set(self.pending())
-            await anyio.lowlevel.checkpoint()
+        finally:
+            self._writing -= len(batch.records)
+            limiter.release()
+        batch.done.set()
+        self.metrics.outcomes_pending.set(self.pending())
+        if not self.pending():
+            self._idle.set()
 
     async def drain(self) -> None:
         """Wait until everything queued so far is written."""
         while self.pending():
-            await self._idle.wait()
+            if self._idle.is_set():
+                await anyio.sleep(0.005)
+            else:
+                await self._idle.wait()
 
     async def _write(self, batch: _Batch) -> None:
         rs = batch.records
@@ -183,9 +203,7 @@ class OutcomeWriter:
             "host": self.host,
             "pid": self.pid,
         }
-        async with self.pool.connection() as conn, conn.transaction():
-            # Durable before anything counts as done, whatever the session's default.
-            await conn.execute(Q["synchronous_commit_on"])
+        async with self.pool.connection() as conn:
             rows = await fetch_all(conn, "record_outcomes", params)
         batch.fenced = {r["fenced_id"] for r in rows}
         self.metrics.outcome_flushes.inc()

@@ -116,8 +116,9 @@ class ChannelWorker:
         self.claim_batch = claim_batch
         self.tick = tick
         self.waker = Waker()
-        #: Most rows held at once: one per worker plus one batch claimed ahead.
-        self.max_held = self.concurrency + claim_batch
+        #: Most rows held at once: one per worker plus two batches, so that a claim can run while
+        #: the previous batch's outcomes are being written.
+        self.max_held = self.concurrency + 2 * claim_batch
         #: Rows claimed and not yet settled: queued, being delivered, or waiting for their outcome
         #: to be written.
         self.held = 0

@@ -410,3 +410,60 @@ async def test_heartbeat_keeps_a_slow_live_delivery_from_being_raced(
     assert len(sink.DELIVERED) == 1
     ledger = await rows(conn, "SELECT lease, outcome FROM pgwork.attempt")
     assert ledger == [{"lease": 1, "outcome": "delivered"}]
+
+
+async def test_drain_waits_for_a_flush_under_way(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    # Shutdown releases held rows only after drain(): a flush still under way must count, or the
+    # release would hand back a row whose 'delivered' outcome is about to be written.
+    import time as _time
+    from datetime import UTC, datetime
+
+    from pgwork.metrics import Metrics
+    from pgwork.outcomes import OutcomeWriter, Record
+
+    await add(conn, "k")
+    await materialise(dsn)
+    (row,) = await _claim(dsn, lease=30)
+    pool = db.make_pool(dsn, 2, 5.0)
+    await pool.open(wait=True)
+    try:
+        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1))
+        async with (
+            await psycopg.AsyncConnection.connect(dsn) as locker,
+            anyio.create_task_group() as tg,
+        ):
+            await locker.execute(
+                "SELECT 1 FROM pgwork.renewal_work WHERE id = %s FOR UPDATE", (row["id"],)
+            )
+            tg.start_soon(writer.run)
+            now = datetime.now(UTC)
+            writer.submit(
+                Record(
+                    work_id=row["id"],
+                    lease=row["lease"],
+                    attempt=1,
+                    channel="test",
+                    outcome="delivered",
+                    status="delivered",
+                    retry_after=None,
+                    started_at=now,
+                    finished_at=now,
+                )
+            )
+            await anyio.sleep(0.3)  # the flush has started and waits for the row lock
+            released_at = _time.monotonic() + 0.5
+
+            async def unlock_later() -> None:
+                await anyio.sleep(0.5)
+                await locker.rollback()
+
+            tg.start_soon(unlock_later)
+            await writer.drain()
+            assert _time.monotonic() >= released_at - 0.05
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+    (w,) = await work(conn)
+    assert w["status"] == "delivered"

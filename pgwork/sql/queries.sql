@@ -26,12 +26,13 @@ SELECT now() + %(lookahead)s::interval AS cutoff
 -- for the same deadline is revived because the deadline came back), advance each reminder's
 -- next_fire_at past the cutoff ('infinity' when nothing is left), and NOTIFY the workers of every
 -- daemon when something became claimable. With coordinate, only one materialiser pages at a time
--- (the others see got = false and retry shortly); correctness never depends on it. The daemon's
--- pool commits this without waiting for the WAL flush: a page lost in a crash is redone by the
--- next pass (the progress is in the same transaction), and work due now reaches a worker sooner.
+-- (the others see got = false and retry shortly); correctness never depends on it. The page
+-- commits without waiting for the WAL flush: one lost in a crash is redone by the next pass (the
+-- progress is in the same transaction), and work due now reaches a worker one disk flush sooner.
 WITH lock AS MATERIALIZED (
     SELECT CASE WHEN %(coordinate)s THEN pg_try_advisory_xact_lock(hashtext('pgwork.materialise'))
-                ELSE true END AS got
+                ELSE true END AS got,
+           set_config('synchronous_commit', 'off', true) AS async_commit
 ), due AS MATERIALIZED (
     SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
            r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at
@@ -122,6 +123,10 @@ DELETE FROM pgwork.daemon WHERE id = %(id)s
 -- cancelled and work for a moved deadline (or a dropped remind_before entry) is superseded;
 -- neither is returned. A reclaimed lease was an attempt: it is written to the ledger, and with the
 -- budget spent the row goes dead instead of being claimed again.
+-- The claim commits without waiting for the WAL flush: a claim lost in a database crash is
+-- recovered like a killed worker's (the row is claimable again, the late outcome is fenced, the
+-- retry carries the same idempotency key), and the next synchronous commit flushes it anyway.
+-- Outcomes (record_outcomes) commit synchronously: delivered is durable before it counts.
 WITH candidate AS MATERIALIZED (
     SELECT w.id
       FROM pgwork.renewal_work w
@@ -174,7 +179,7 @@ WITH candidate AS MATERIALIZED (
 SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, u.due_at,
        u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease,
        u.prev_status, u.recipient, u.payload
-  FROM updated u
+  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, updated u
 
 -- name: next_available
 -- When the next row of a channel becomes claimable (ready rows) or reclaimable (claimed rows).
@@ -409,7 +414,3 @@ SELECT greatest(
 -- name: session_limits
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('lock_timeout', %(lock_timeout)s, false)
-
--- name: synchronous_commit_on
--- This transaction's commit waits for the WAL flush (outcomes: see db.POOL_SETTINGS).
-SELECT set_config('synchronous_commit', 'on', true)
