@@ -67,7 +67,8 @@ async def connect(dsn: str, *, timeout: float = 5.0, **kwargs: Any) -> AsyncConn
 def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
     return AsyncConnectionPool(
         session_conninfo(dsn),
-        min_size=1,
+        # All connections stay open: a duty never waits for a new one on the hot path.
+        min_size=size,
         max_size=size,
         timeout=timeout,
         open=False,

@@ -53,10 +53,6 @@ async def run_once(
     as soon as a page that made rows due now has committed (to wake local workers at once).
     """
     t0 = time.monotonic()
-    if cutoff is None:
-        cutoff = (
-            await fetch_one(conn, "materialise_cutoff", {"lookahead": timedelta(seconds=lookahead)})
-        )["cutoff"]
     after_at, after_id = _EPOCH, 0
     scanned = made = made_due = pages = 0
     longest = 0.0
@@ -67,6 +63,7 @@ async def run_once(
             "materialise_page",
             {
                 "cutoff": cutoff,
+                "lookahead": timedelta(seconds=lookahead),
                 "after_at": after_at,
                 "after_id": after_id,
                 "limit": page_size,
@@ -75,6 +72,7 @@ async def run_once(
         )
         if not page["got"]:
             return None
+        cutoff = page["cutoff"]
         longest = max(longest, time.monotonic() - p0)
         if page["made_due"] and on_due is not None:
             on_due()
@@ -86,6 +84,7 @@ async def run_once(
             break
         after_at, after_id = page["last_at"], page["last_id"]
     duration = time.monotonic() - t0
+    assert cutoff is not None
     async with conn.transaction():
         await conn.execute(Q["materialise_async_commit"])
         await conn.execute(

@@ -179,9 +179,6 @@ class ChannelWorker:
                     "daemon_id": self.daemon_id,
                 },
             )
-            nxt = None
-            if len(rows) < limit:
-                nxt = (await fetch_one(conn, "next_available", {"channel": self.name}))["at"]
         taken = 0
         for row in rows:
             if row["prev_status"] == "claimed":
@@ -218,6 +215,9 @@ class ChannelWorker:
             self._idle.pop().set()
         if len(rows) == limit:
             return Next(0, "more")
+        # Only now, with the rows handed to the workers: when is the next row claimable?
+        async with self.pool.connection() as conn:
+            nxt = (await fetch_one(conn, "next_available", {"channel": self.name}))["at"]
         if nxt is None:
             return Next(self.tick, "tick")
         wait = (nxt - datetime.now(UTC)).total_seconds()

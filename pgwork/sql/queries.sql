@@ -16,10 +16,6 @@ SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
 -- name: materialise_async_commit
 SELECT set_config('synchronous_commit', 'off', true)
 
--- name: materialise_cutoff
--- The cutoff of a pass: everything firing at or before it gets its work row.
-SELECT now() + %(lookahead)s::interval AS cutoff
-
 -- name: materialise_page
 -- One keyset page of reminders with an occurrence firing at or before the cutoff, in one
 -- statement (its own transaction): insert their work rows (a repeat is a no-op; a superseded row
@@ -32,21 +28,24 @@ SELECT now() + %(lookahead)s::interval AS cutoff
 WITH lock AS MATERIALIZED (
     SELECT CASE WHEN %(coordinate)s THEN pg_try_advisory_xact_lock(hashtext('pgwork.materialise'))
                 ELSE true END AS got,
-           set_config('synchronous_commit', 'off', true) AS async_commit
+           set_config('synchronous_commit', 'off', true) AS async_commit,
+           -- The first page of a pass fixes the cutoff; later pages pass it back.
+           coalesce(%(cutoff)s::timestamptz, now() + %(lookahead)s::interval) AS cutoff
 ), due AS MATERIALIZED (
     SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
            r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at
       FROM pgwork.reminder r
      WHERE (SELECT got FROM lock)
        AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
-       AND coalesce(r.next_fire_at, r.due_at) <= %(cutoff)s
+       AND coalesce(r.next_fire_at, r.due_at) <= (SELECT cutoff FROM lock)
        AND (coalesce(r.next_fire_at, r.due_at), r.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
      ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
      LIMIT %(limit)s
        FOR UPDATE OF r
 ), occ AS MATERIALIZED (
     SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before,
-           pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at
+           pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
+           (SELECT cutoff FROM lock) AS cutoff
       FROM due d
      CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
 ), made AS (
@@ -55,13 +54,13 @@ WITH lock AS MATERIALIZED (
     SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
            pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before), o.fire_at
       FROM occ o
-     WHERE o.fire_at <= %(cutoff)s
+     WHERE o.fire_at <= o.cutoff
         ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
        SET status = 'ready', available_at = excluded.available_at, finished_at = NULL
      WHERE w.status = 'superseded'
     RETURNING w.due_at
 ), nxt AS (
-    SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > %(cutoff)s), 'infinity') AS next_fire_at
+    SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
       FROM occ o
      GROUP BY o.id
 ), advanced AS (
@@ -73,6 +72,7 @@ WITH lock AS MATERIALIZED (
      WHERE r.ctid = d.row_ctid
 )
 SELECT (SELECT got FROM lock) AS got,
+       (SELECT cutoff FROM lock) AS cutoff,
        (SELECT count(*) FROM due) AS scanned,
        (SELECT count(*) FROM made) AS made,
        (SELECT count(*) FROM made WHERE due_at <= now()) AS made_due,
