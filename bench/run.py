@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=str(Path(__file__).parent / "results"), help="directory for the JSON"
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SIZE=N",
+        help="override one size, e.g. --set burndown=20000 (names: see bench/README.md)",
+    )
     a = p.parse_args(argv)
     sizes = w.SMOKE if a.smoke else w.QUICK if a.quick else w.FULL
+    for item in a.set:
+        key, _, value = item.partition("=")
+        if key not in w.Sizes.__dataclass_fields__:
+            p.error(f"--set: unknown size {key!r}")
+        sizes = replace(sizes, **{key: type(getattr(sizes, key))(value)})
     rounds = a.rounds or (1 if a.smoke else 3)
     only = [x for x in (a.only.split(",") if a.only else ORDER)]
     unknown = set(only) - set(ORDER)

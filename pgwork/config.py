@@ -37,7 +37,7 @@ class RetentionPolicy:
     #: Smallest batch after repeated timeouts.
     min_batch: int = 10
     #: Pause between batches, seconds (leaves room for the hot path).
-    pause: float = 0.02
+    pause: float = 0.05
     #: Per-batch statement timeout and lock timeout, seconds.
     statement_timeout: float = 2.0
     lock_timeout: float = 0.5

@@ -213,7 +213,7 @@ class Daemon:
         async def materialise_step() -> Next:
             async with pool.connection() as conn:
                 res = await materialiser.run_once(
-                    conn, lookahead=cfg.lookahead, page_size=cfg.page_size, on_due=wake_workers
+                    conn, lookahead=cfg.lookahead, page_size=cfg.page_size, on_made=wake_workers
                 )
             if res is None:
                 return Next(materialiser.BUSY_RETRY, "busy")
@@ -274,43 +274,42 @@ class Daemon:
             if cfg.retention_enabled:
                 duties.start_soon(loop("retention", retention_step, first=Next(1.0, "tick")))
 
+            # Claim loops live with the duties and stop cooperatively (a flag), so a stop never
+            # cancels a database call; the work group holds only the delivery workers.
+            for w in workers.values():
+                duties.start_soon(loop(f"claim:{w.name}", w.claim_step, w.waker))
+
             async with anyio.create_task_group() as work:
-                with anyio.CancelScope() as claiming:
-
-                    async def claim_loop(w: ChannelWorker) -> None:
-                        await loop(f"claim:{w.name}", w.claim_step, w.waker)()
-
-                    async def stop_claiming() -> None:
-                        await self._stop_level(1)
-                        claiming.cancel()
-
-                    for w in workers.values():
-                        w.start_workers(work)
-                        work.start_soon(claim_loop, w)
-                    work.start_soon(stop_claiming)
-                    self.ready.set()
-                    task_status.started()
-                    log.info(
-                        "pgwork running",
-                        extra={
-                            "daemon_id": self.daemon_id,
-                            "channels": list(channels),
-                            "database": db.describe(self.dsn),
-                            "version": __version__,
-                        },
-                    )
-                    await anyio.sleep_forever()
+                for w in workers.values():
+                    w.start_workers(work)
+                self.ready.set()
+                task_status.started()
+                log.info(
+                    "pgwork running",
+                    extra={
+                        "daemon_id": self.daemon_id,
+                        "channels": list(channels),
+                        "database": db.describe(self.dsn),
+                        "version": __version__,
+                    },
+                )
+                await self._stop_level(1)
 
                 # Claiming stopped. Rows claimed but not started are not started now (they are
                 # released below); deliveries in flight get the grace period, or less on a second signal.
                 for w in workers.values():
+                    w.stop_claiming()
                     w.stop_taking()
                 in_flight = sum(w.in_flight for w in workers.values())
                 self.summary = f"stopping: {in_flight} deliveries in flight"
                 log.info(
                     "stopping: claiming stopped, %d deliveries in flight",
                     in_flight,
-                    extra={"grace_s": cfg.shutdown_grace},
+                    extra={
+                        "grace_s": cfg.shutdown_grace,
+                        "outcomes_pending": writer.pending(),
+                        "held": len(leases.held),
+                    },
                 )
                 work.cancel_scope.deadline = anyio.current_time() + cfg.shutdown_grace
 

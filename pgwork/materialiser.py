@@ -43,14 +43,15 @@ async def run_once(
     page_size: int,
     cutoff: datetime | None = None,
     coordinate: bool = True,
-    on_due: Callable[[], None] | None = None,
+    on_made: Callable[[], None] | None = None,
 ) -> PassResult | None:
     """One complete pass: every occurrence firing at or before the cutoff gets its work row.
 
     Pages on ``(next_fire_at, id)``, one short transaction per page. Returns None when another
     materialiser holds the lock (it is doing this work right now). ``coordinate=False`` skips the
-    lock: correctness never depends on it (tests use that to race two passes). ``on_due`` is called
-    as soon as a page that made rows due now has committed (to wake local workers at once).
+    lock: correctness never depends on it (tests use that to race two passes). ``on_made`` is called
+    as soon as a page that made rows has committed: local workers claim the ones due now at once
+    and set their timers for the others.
     """
     t0 = time.monotonic()
     after_at, after_id = _EPOCH, 0
@@ -74,8 +75,8 @@ async def run_once(
             return None
         cutoff = page["cutoff"]
         longest = max(longest, time.monotonic() - p0)
-        if page["made_due"] and on_due is not None:
-            on_due()
+        if page["made"] and on_made is not None:
+            on_made()
         pages += 1
         scanned += page["scanned"]
         made += page["made"]

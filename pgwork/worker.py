@@ -127,6 +127,7 @@ class ChannelWorker:
         self._queue: deque[dict[str, Any]] = deque()
         self._idle: list[anyio.Event] = []
         self._closed = False
+        self._stopping = False
         # Labelled metric children, looked up once.
         self._m_attempts = {
             o: metrics.attempts.labels(self.name, o)
@@ -147,6 +148,11 @@ class ChannelWorker:
         for _ in range(self.concurrency):
             tg.start_soon(self._worker)
 
+    def stop_claiming(self) -> None:
+        """Claim nothing more (a claim under way finishes; its rows are held, not started)."""
+        self._stopping = True
+        self.waker.wake("stop")
+
     def stop_taking(self) -> None:
         """On shutdown: queued rows are not started (they stay held and are released without
         counting an attempt); idle workers end."""
@@ -161,14 +167,9 @@ class ChannelWorker:
     def close(self) -> None:
         self.stop_taking()
 
-    async def claim_step(self) -> Next:
-        """Claim as many rows as there is room for (at most one batch) and queue them."""
-        free = self.max_held - self.held
-        if free < max(1, min(self.claim_batch, self.max_held) // 2):
-            return Next(math.inf, "slot")  # settling rows wakes us
-        limit = min(free, self.claim_batch)
+    async def _claim(self, limit: int) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
-            rows = await fetch_all(
+            return await fetch_all(
                 conn,
                 "claim_work",
                 {
@@ -179,6 +180,16 @@ class ChannelWorker:
                     "daemon_id": self.daemon_id,
                 },
             )
+
+    async def claim_step(self) -> Next:
+        """Claim as many rows as there is room for (at most one batch) and queue them."""
+        if self._stopping:
+            return Next(math.inf, "stopped")
+        free = self.max_held - self.held
+        if free < max(1, min(self.claim_batch, self.max_held) // 2):
+            return Next(math.inf, "slot")  # settling rows wakes us
+        limit = min(free, self.claim_batch)
+        rows = await self._claim(limit)
         taken = 0
         for row in rows:
             if row["prev_status"] == "claimed":
@@ -206,6 +217,8 @@ class ChannelWorker:
                 )
                 continue
             self.leases.add(Held(row["id"], row["lease"], self.name))
+            if self._closed:
+                continue  # stopping: held, and released without counting an attempt
             self._queue.append(row)
             taken += 1
         self.held += taken
@@ -213,6 +226,8 @@ class ChannelWorker:
         self._m_in_flight.set(self.held)
         for _ in range(min(taken, len(self._idle))):
             self._idle.pop().set()
+        if self._stopping:
+            return Next(math.inf, "stopped")
         if len(rows) == limit:
             return Next(0, "more")
         # Only now, with the rows handed to the workers: when is the next row claimable?

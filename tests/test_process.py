@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
@@ -295,3 +296,27 @@ async def test_sigterm_lets_short_deliveries_finish(
         d.signal(signal.SIGTERM)
         assert d.wait() == 0
     assert [x["status"] for x in await work(conn)] == ["delivered"] * 3
+
+
+async def test_sigterm_under_continuous_load_does_not_wait_out_the_grace(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    # A no-op channel under a steady stream of due reminders: nothing takes long, so a stop must
+    # not sit out the (long) grace period, and every row ends delivered or back to ready.
+    channel = '[channels.test]\nkind = "python"\ntarget = "tests.sink:deliver"\nconcurrency = 8\n'
+    d = procs(dsn, toml(channel=channel, grace="60s", lease="60s"))
+    for i in range(40):
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 's', %s || g, now(), 'test', 'r' FROM generate_series(1, 300) g",
+            (f"b{i}_",),
+        )
+        await anyio.sleep(0.05)
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.wait(70) == 0
+    assert time.monotonic() - t0 < 20
+    left = await rows(conn, "SELECT status, count(*) AS n FROM pgwork.renewal_work GROUP BY 1")
+    assert {r["status"] for r in left} <= {"delivered", "ready"}
+    stuck = await count(conn, "status = 'ready' AND attempts > 0")
+    assert stuck == 0  # released rows were not charged an attempt

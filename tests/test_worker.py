@@ -467,3 +467,21 @@ async def test_drain_waits_for_a_flush_under_way(
         await pool.close()
     (w,) = await work(conn)
     assert w["status"] == "delivered"
+
+
+async def test_rows_made_ahead_arm_the_claim_timer(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    # The look-ahead materialises a row before it is due; the claim loop must learn of it and
+    # wake at its due instant, not at its next tick (30 s here).
+    async with running(config(tick=30.0, lookahead=600.0), dsn) as d:
+        await until(lambda: _listening(d), what="listener up")
+        await anyio.sleep(0.5)  # the claim loop is asleep until its next tick
+        await add(conn, "soon", "now() + interval '1 second'")
+        await until(lambda: _eq(conn, 1), timeout=10, what="delivery long before the 30 s tick")
+    (w,) = await work(conn)
+    assert w["status"] == "delivered"
+
+
+async def _listening(d: Daemon) -> bool:
+    return d.metrics.registry.get_sample_value("pgwork_listener_up") == 1

@@ -21,7 +21,7 @@ SELECT set_config('synchronous_commit', 'off', true)
 -- statement (its own transaction): insert their work rows (a repeat is a no-op; a superseded row
 -- for the same deadline is revived because the deadline came back), advance each reminder's
 -- next_fire_at past the cutoff ('infinity' when nothing is left), and NOTIFY the workers of every
--- daemon when something became claimable. With coordinate, only one materialiser pages at a time
+-- daemon when it made rows (due now, or later: their claim timers must learn of them). With coordinate, only one materialiser pages at a time
 -- (the others see got = false and retry shortly); correctness never depends on it. The page
 -- commits without waiting for the WAL flush: one lost in a crash is redone by the next pass (the
 -- progress is in the same transaction), and work due now reaches a worker one disk flush sooner.
@@ -77,7 +77,7 @@ SELECT (SELECT got FROM lock) AS got,
        (SELECT count(*) FROM made) AS made,
        (SELECT count(*) FROM made WHERE due_at <= now()) AS made_due,
        (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', '')
-                               WHERE EXISTS (SELECT 1 FROM made WHERE due_at <= now())) AS n) AS notified,
+                               WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
        (SELECT min(due_at) FROM made) AS earliest_made,
        l.next_fire_at AS last_at, l.id AS last_id
   FROM (SELECT 1) AS one
