@@ -25,7 +25,6 @@ import psycopg
 
 from pgwork import db, materialiser
 
-from . import noop
 from . import workloads as w
 
 
@@ -65,29 +64,7 @@ async def main() -> dict[str, float]:
     cfg = w.daemon_config(w.noop_channel(conc), claim_batch=batch)
     drained = await w.drain(dsn, cfg, jobs, w_postmaster(dsn))
     # Latency: one reminder due now, inserted by another connection, until the channel is called.
-    noop.RECORD = True
-    lat: list[float] = []
-    async with anyio.create_task_group() as tg:
-        from pgwork.daemon import Daemon
-
-        d = Daemon(w.daemon_config(w.noop_channel(1), claim_batch=1), dsn)
-        await tg.start(d.run)
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
-            while d.metrics.listener_up._value.get() != 1:
-                await anyio.sleep(0.01)
-            for i in range(samples):
-                key = f"lat{i}"
-                noop.expect(key)
-                t = time.time()
-                await app.execute(
-                    "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
-                    "VALUES ('bench', %s, now(), 'noop', 'r')",
-                    (key,),
-                )
-                with anyio.fail_after(10):
-                    lat.append((await noop.wait(key) - t) * 1000)
-                await anyio.sleep(0.01)
-        d.request_stop()
+    lat = await w.latency_samples(dsn, samples, w.daemon_config(w.noop_channel(1), claim_batch=1))
     return {
         "drain_jobs_per_s": round(drained["jobs_per_s"], 1),
         "enqueue_jobs_per_s": round(enqueue, 1),

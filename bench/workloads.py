@@ -284,19 +284,20 @@ async def w_webhook(ctx: Ctx) -> dict[str, float]:
 # -- 3. insert -> delivery latency ---------------------------------------------------------
 
 
-async def w_latency(ctx: Ctx, *, template: str | None = None) -> dict[str, float]:
-    name, dsn = ctx.fresh(template)
+async def latency_samples(dsn: str, n: int, cfg: Config | None = None) -> list[float]:
+    """Milliseconds from before another connection's INSERT of a reminder due now until the
+    channel is called, ``n`` times, on an otherwise idle daemon."""
     noop.RECORD = True
+    samples: list[float] = []
     try:
-        samples: list[float] = []
         async with anyio.create_task_group() as tg:
-            d = Daemon(daemon_config(), dsn)
+            d = Daemon(cfg or daemon_config(), dsn)
             await tg.start(d.run)
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
                 while d.metrics.listener_up._value.get() != 1:
                     await anyio.sleep(0.01)
                 await anyio.sleep(0.2)
-                for i in range(ctx.sizes.latency_samples):
+                for i in range(n):
                     key = f"lat{i}"
                     noop.expect(key)
                     t0 = time.time()
@@ -310,9 +311,16 @@ async def w_latency(ctx: Ctx, *, template: str | None = None) -> dict[str, float
                     samples.append((called - t0) * 1000)
                     await anyio.sleep(0.01)
             d.request_stop()
-        return summary_ms(samples, "lat")
     finally:
         noop.RECORD = False
+    return samples
+
+
+async def w_latency(ctx: Ctx, *, template: str | None = None) -> dict[str, float]:
+    name, dsn = ctx.fresh(template)
+    try:
+        return summary_ms(await latency_samples(dsn, ctx.sizes.latency_samples), "lat")
+    finally:
         ctx.drop(name)
 
 

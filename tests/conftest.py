@@ -129,3 +129,13 @@ async def conn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         yield c
     finally:
         await c.close()
+
+
+@pytest.fixture
+def clean_sink() -> Iterator[None]:
+    """The Python test channel (tests/sink.py) starts and ends empty."""
+    from . import sink
+
+    sink.reset()
+    yield
+    sink.reset()

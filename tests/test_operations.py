@@ -9,7 +9,6 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,7 @@ from . import sink
 from .helpers import add, config, count, rows, running, until
 from .test_process import DaemonProcess, toml
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _sink() -> Iterator[None]:
-    sink.reset()
-    yield
-    sink.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
 
 def _free_port() -> int:

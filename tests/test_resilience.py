@@ -4,7 +4,6 @@ loses nothing."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -18,14 +17,7 @@ from . import sink
 from .helpers import add, config, count, running, until
 from .proxy import Proxy
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _sink() -> Iterator[None]:
-    sink.reset()
-    yield
-    sink.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
 
 def _via(dsn: str, proxy: Proxy) -> str:

@@ -4,7 +4,6 @@ and never a second send after cleanup."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -18,14 +17,7 @@ from pgwork.retention import Retention, RetentionResult
 from . import sink
 from .helpers import add, config, count, materialise, rows, running, until
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _sink() -> Iterator[None]:
-    sink.reset()
-    yield
-    sink.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
 
 async def seed(

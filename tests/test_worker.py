@@ -3,7 +3,6 @@ letters, concurrency limits and the two-stage stop. Real Postgres, real daemon c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,14 +18,7 @@ from pgwork.daemon import Daemon
 from . import sink
 from .helpers import add, config, count, materialise, python_channel, rows, running, until, work
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _sink() -> Iterator[None]:
-    sink.reset()
-    yield
-    sink.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
 
 async def test_due_reminders_are_delivered_exactly_once(
