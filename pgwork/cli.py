@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import logging
@@ -21,7 +22,7 @@ import psycopg
 from . import __version__, db, logs
 from .config import Config, ConfigError, load
 from .durations import parse_duration
-from .embedded import EmbeddedError, LocalServer
+from .embedded import EmbeddedError, LocalServer, wheel_bin_dir
 from .queries import Q
 
 log = logging.getLogger("pgwork.cli")
@@ -140,6 +141,10 @@ def cmd_psql(args: argparse.Namespace, cfg: Config) -> int:
         psql = shutil.which("psql")
         if database.server is not None and database.server.psql_path().exists():
             psql = str(database.server.psql_path())
+        if psql is None:
+            with contextlib.suppress(EmbeddedError):
+                bundled = wheel_bin_dir() / "psql"
+                psql = str(bundled) if bundled.exists() else None
         if psql is None:
             raise CliError("psql is not installed (apt-get install postgresql-client)", 2)
         return subprocess.call([psql, database.dsn, *args.psql_args])
@@ -422,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="open psql on pgwork's database",
         description="Open psql on the configured (or embedded) database.",
     )
-    ps.add_argument("psql_args", nargs=argparse.REMAINDER, help="extra arguments for psql")
+    ps.add_argument("psql_args", nargs="*", help="arguments for psql (e.g. -c 'SELECT 1')")
 
     st = sub.add_parser(
         "status",
@@ -519,7 +524,12 @@ def _explain(e: BaseException) -> tuple[str, int] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.cmd != "psql":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.psql_args = [*extra, *args.psql_args]
     try:
         cfg = load(args.config)
         logs.setup(cfg.log_format, cfg.log_level, cfg.log_redact)

@@ -134,3 +134,9 @@ async def test_status_and_dlq_commands(dsn: str, conn: psycopg.AsyncConnection[A
     )
     assert (w["status"], w["attempts_base"]) == ("ready", 3) and "@" in w["redriven_by"]
     assert pgwork("dlq", "redrive", dsn=dsn).returncode == 2
+
+
+async def test_psql_passes_its_arguments(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    await add(conn, "k", channel="log")
+    r = pgwork("psql", "-X", "-A", "-t", "-c", "SELECT business_key FROM pgwork.reminder", dsn=dsn)
+    assert (r.returncode, r.stdout.strip()) == (0, "k"), r.stderr
