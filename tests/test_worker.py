@@ -477,3 +477,72 @@ async def test_rows_made_ahead_arm_the_claim_timer(
 
 async def _listening(d: Daemon) -> bool:
     return d.metrics.registry.get_sample_value("pgwork_listener_up") == 1
+
+
+async def test_heartbeat_and_outcome_flush_do_not_deadlock(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    import json
+    import random
+    from datetime import UTC, datetime
+
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 's', 'k' || g, now(), 'test', 'r' FROM generate_series(1, 2000) g"
+    )
+    await materialise(dsn)
+    claimed: list[dict[str, Any]] = []
+    async with await db.connect(dsn) as c:
+        while len(claimed) < 2000:
+            claimed += await db.fetch_all(
+                c,
+                "claim_work",
+                {
+                    "channel": "test",
+                    "limit": 500,
+                    "max_attempts": 5,
+                    "lease": timedelta(seconds=60),
+                    "daemon_id": "d",
+                },
+            )
+    now = datetime.now(UTC).isoformat()
+
+    async def heartbeats() -> None:
+        async with await db.connect(dsn) as c:
+            for _ in range(5):
+                rs = random.sample(claimed, len(claimed))
+                await db.fetch_all(
+                    c,
+                    "extend_leases",
+                    {
+                        "work_id": [r["id"] for r in rs],
+                        "lease_no": [r["lease"] for r in rs],
+                        "lease": timedelta(seconds=60),
+                    },
+                )
+
+    async def flush() -> None:
+        async with await db.connect(dsn) as c:
+            rs = random.sample(claimed, len(claimed))
+            outcomes = [
+                {
+                    "work_id": r["id"],
+                    "lease": r["lease"],
+                    "attempt": 1,
+                    "outcome": "delivered",
+                    "status": "delivered",
+                    "started_at": now,
+                    "finished_at": now,
+                }
+                for r in rs
+            ]
+            await db.fetch_all(
+                c,
+                "record_outcomes",
+                {"outcomes": json.dumps(outcomes), "daemon_id": "d", "host": "h", "pid": 1},
+            )
+
+    async with anyio.create_task_group() as tg:  # a deadlock would raise DeadlockDetected here
+        tg.start_soon(heartbeats)
+        tg.start_soon(flush)
+    assert await count(conn, "status = 'delivered'") == 2000

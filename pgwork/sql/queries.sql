@@ -197,6 +197,14 @@ WITH o AS (
         AS o(work_id bigint, lease int, attempt int, outcome text, status text, retry_after float8,
              started_at timestamptz, finished_at timestamptz, http_status int, error_class text,
              error text, receipt jsonb)
+), locked AS (
+    -- Row locks in id order, as the heartbeat takes them: the two never deadlock.
+    SELECT w.id
+      FROM pgwork.renewal_work w
+      JOIN o ON o.work_id = w.id
+     WHERE w.lease = o.lease AND w.status = 'claimed'
+     ORDER BY w.id
+       FOR UPDATE OF w
 ), done AS (
     UPDATE pgwork.renewal_work w
        SET status = o.status,
@@ -205,7 +213,8 @@ WITH o AS (
            last_error = o.error,
            dead_reason = CASE WHEN o.status = 'dead' THEN coalesce(o.error, o.outcome) END
       FROM o
-     WHERE w.id = o.work_id AND w.lease = o.lease AND w.status = 'claimed'
+      JOIN locked l ON l.id = o.work_id
+     WHERE w.id = o.work_id
     RETURNING w.id
 ), ledger AS (
     INSERT INTO pgwork.attempt AS a
@@ -226,11 +235,21 @@ WITH o AS (
 SELECT o.work_id AS fenced_id FROM o WHERE o.work_id NOT IN (SELECT id FROM done)
 
 -- name: extend_leases
--- Heartbeat for long deliveries: push the lease of rows still held (fenced by lease).
+-- Heartbeat for long deliveries: push the lease of rows still held (fenced by lease). Row locks
+-- are taken in id order, as record_outcomes takes them.
+WITH locked AS (
+    SELECT w.id
+      FROM pgwork.renewal_work w
+      JOIN unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
+        ON w.id = h.work_id AND w.lease = h.lease_no
+     WHERE w.status = 'claimed'
+     ORDER BY w.id
+       FOR UPDATE OF w
+)
 UPDATE pgwork.renewal_work w
    SET available_at = now() + %(lease)s::interval
-  FROM unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
- WHERE w.id = h.work_id AND w.lease = h.lease_no AND w.status = 'claimed'
+  FROM locked l
+ WHERE w.id = l.id
 RETURNING w.id
 
 -- name: release_leases
