@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
@@ -74,7 +73,6 @@ class Record:
 @dataclass
 class _Batch:
     records: list[Record] = field(default_factory=list)
-    done: anyio.Event = field(default_factory=anyio.Event)
     fenced: set[int] = field(default_factory=set)
 
 
@@ -121,14 +119,6 @@ class OutcomeWriter:
         if self._idle.is_set():
             self._idle = anyio.Event()
         self._wake.set()
-
-    async def record(self, rec: Record) -> bool:
-        """Queue ``rec`` and wait until it is durable. Returns False when it was fenced (the lease
-        had passed to another worker, so the database kept the other worker's outcome)."""
-        batch = self._current
-        self.submit(rec)
-        await batch.done.wait()
-        return rec.work_id not in batch.fenced
 
     def _take(self) -> _Batch | None:
         if self._waiting:
@@ -182,7 +172,6 @@ class OutcomeWriter:
         finally:
             self._writing -= len(batch.records)
             limiter.release()
-        batch.done.set()
         self.metrics.outcomes_pending.set(self.pending())
         if not self.pending():
             self._idle.set()

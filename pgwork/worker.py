@@ -122,8 +122,6 @@ class ChannelWorker:
         #: Rows claimed and not yet settled: queued, being delivered, or waiting for their outcome
         #: to be written.
         self.held = 0
-        #: Deliveries running right now (at most ``concurrency``).
-        self.delivering = 0
         self._queue: deque[dict[str, Any]] = deque()
         self._idle: list[anyio.Event] = []
         self._closed = False
@@ -247,11 +245,7 @@ class ChannelWorker:
                 await ev.wait()
                 continue
             row = self._queue.popleft()
-            self.delivering += 1
-            try:
-                await self._deliver(row)
-            finally:
-                self.delivering -= 1
+            await self._deliver(row)
             done += 1
             if done % self.YIELD_EVERY == 0:
                 await anyio.lowlevel.checkpoint()
