@@ -1,4 +1,4 @@
--- pgwork schema, version 1. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 2. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (1);
+INSERT INTO pgwork.schema_version (version) VALUES (2);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -163,6 +163,8 @@ CREATE INDEX work_claimable ON pgwork.renewal_work (channel, available_at, id)
 -- Retention and DLQ listings.
 CREATE INDEX work_terminal ON pgwork.renewal_work (finished_at, id)
     WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded');
+-- Dead letters: their count (a gauge) and listing cost O(dead rows), not O(retained rows).
+CREATE INDEX work_dead ON pgwork.renewal_work (channel, finished_at, id) WHERE status = 'dead';
 
 CREATE TABLE pgwork.attempt (
     work_id     bigint NOT NULL,
@@ -187,6 +189,22 @@ COMMENT ON COLUMN pgwork.attempt.outcome IS
     'lease_expired (the worker vanished); released (clean shutdown, not counted); '
     'fenced (a late completion refused because the lease had passed to another worker).';
 COMMENT ON COLUMN pgwork.attempt.receipt IS 'What the receiver returned as proof of delivery, if anything (truncated).';
+
+CREATE TABLE pgwork.retired (
+    reminder_id  bigint NOT NULL,
+    deadline     timestamptz NOT NULL,
+    occurrence   interval NOT NULL,
+    status       text NOT NULL CHECK (status IN ('delivered', 'dead')),
+    operation_id uuid NOT NULL,
+    finished_at  timestamptz NOT NULL,
+    retired_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (reminder_id, deadline, occurrence)
+);
+COMMENT ON TABLE pgwork.retired IS
+    'What retention leaves of a delivered or dead occurrence of a reminder that still exists: its '
+    'identity and outcome. The materialiser never inserts an occurrence listed here, so deleting old '
+    'work can never cause a second send (not even after the deadline moves away and back). Removed '
+    'with the reminder.';
 
 CREATE TABLE pgwork.materialiser_state (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -217,9 +235,12 @@ CREATE TABLE pgwork.daemon (
     version      text NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
-    listener_up  boolean NOT NULL DEFAULT false
+    listener_up  boolean NOT NULL DEFAULT false,
+    heartbeat_every interval NOT NULL DEFAULT '20 seconds'
 );
-COMMENT ON TABLE pgwork.daemon IS 'Running (or recently running) daemons, refreshed by their heartbeat.';
+COMMENT ON TABLE pgwork.daemon IS
+    'Running (or recently running) daemons, refreshed by their heartbeat. A row whose heartbeat is '
+    'older than three heartbeat_every is shown as gone; after ten it is deleted by the others.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Functions
@@ -377,6 +398,7 @@ BEGIN
     UPDATE pgwork.renewal_work
        SET status = 'cancelled', finished_at = now()
      WHERE reminder_id = OLD.id AND status = 'ready';
+    DELETE FROM pgwork.retired WHERE reminder_id = OLD.id;
     RETURN NULL;
 END
 $$;
@@ -407,15 +429,21 @@ CREATE TRIGGER reminder_notify
 CREATE VIEW pgwork.reminder_status AS
 SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before,
        pgwork.fire_at(r.due_at, r.due_local, r.due_tz, b.before) AS send_at,
-       coalesce(w.status, 'scheduled') AS status, coalesce(w.attempts, 0) AS attempts,
-       w.finished_at, w.operation_id
+       coalesce(w.status, t.status, 'scheduled') AS status,
+       coalesce(w.attempts, 0) AS attempts,
+       coalesce(w.finished_at, t.finished_at) AS finished_at,
+       coalesce(w.operation_id, t.operation_id) AS operation_id,
+       (w.id IS NULL AND t.reminder_id IS NOT NULL) AS retired
   FROM pgwork.reminder r
  CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
   LEFT JOIN pgwork.renewal_work w
-    ON w.reminder_id = r.id AND w.deadline = r.due_at AND w.occurrence = b.before;
+    ON w.reminder_id = r.id AND w.deadline = r.due_at AND w.occurrence = b.before
+  LEFT JOIN pgwork.retired t
+    ON t.reminder_id = r.id AND t.deadline = r.due_at AND t.occurrence = b.before;
 COMMENT ON VIEW pgwork.reminder_status IS
-    'Each occurrence of each current reminder and where it stands: scheduled (not yet due), '
-    'ready, claimed, delivered, dead.';
+    'Each occurrence of each current reminder and where it stands: scheduled (not yet materialised), '
+    'ready, claimed, delivered, dead. retired: its work row was removed by retention (status is the '
+    'outcome it had; attempts are no longer known); it is never sent again.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Roles: pgwork_app may schedule, move, cancel and read reminders, and nothing else.

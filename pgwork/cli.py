@@ -177,6 +177,10 @@ def _json(v: Any) -> str:
     return json.dumps(v, default=_fmt, indent=2)
 
 
+#: The status command counts the retention backlog up to this many rows.
+BACKLOG_COUNT_LIMIT = 100_000
+
+
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
         await db.check_schema(conn)
@@ -188,7 +192,9 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             "daemons": await db.fetch_all(conn, "daemons"),
             "retention": await db.fetch_one(conn, "retention_state"),
             "retention_backlog": (
-                await db.fetch_one(conn, "retention_backlog", _cutoffs(cfg, now))
+                await db.fetch_one(
+                    conn, "retention_backlog", {**_cutoffs(cfg, now), "limit": BACKLOG_COUNT_LIMIT}
+                )
             )["n"],
         }
 
@@ -204,25 +210,45 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     else:
         print(_table(st["work"], ["channel", "status", "n"]) if st["work"] else "no work rows")
         print(
-            f"\nlag: {lag:.3f}s   oldest ready: {st['lag']['oldest_ready_seconds']:.3f}s   dead letters: {dead}"
+            f"\nlag: {lag:.3f}s   oldest ready: {st['lag']['oldest_ready_seconds']:.3f}s   "
+            f"due but not materialised: {st['lag']['unmaterialised_seconds']:.3f}s   "
+            f"dead letters: {dead}"
         )
         m = st["materialiser"]
+        age = m["cutoff_age_seconds"]
+        where = (
+            "never"
+            if age is None
+            else f"{age:.1f}s ago"
+            if age >= 0
+            else f"ahead by {-age:.1f}s (look-ahead)"
+        )
         print(
-            f"materialiser: last cutoff {_fmt(m['last_cutoff'])} (age {_fmt(m['cutoff_age_seconds'])}s), "
+            f"materialiser: last cutoff {_fmt(m['last_cutoff'])} ({where}), "
             f"last pass {_fmt(m['last_pass_at'])}, rows made in total {m['total_inserted']}"
         )
         r = st["retention"]
+        backlog = st["retention_backlog"]
+        backlog_s = f"at least {backlog}" if backlog >= BACKLOG_COUNT_LIMIT else str(backlog)
         print(
             f"retention: {'PAUSED, ' if r['paused'] else ''}last pass {_fmt(r['last_pass_at'])}, "
-            f"deleted {r['total_deleted']} in total, backlog {st['retention_backlog']}, "
+            f"deleted {r['total_deleted']} in total, backlog {backlog_s}, "
             f"oldest kept {_fmt(r['oldest_terminal_age_seconds'])}s"
         )
         if st["daemons"]:
+            shown = [{**d, "state": "GONE" if d["gone"] else "running"} for d in st["daemons"]]
             print(
                 "\n"
                 + _table(
-                    st["daemons"],
-                    ["id", "version", "started_at", "heartbeat_age_seconds", "listener_up"],
+                    shown,
+                    [
+                        "id",
+                        "state",
+                        "version",
+                        "started_at",
+                        "heartbeat_age_seconds",
+                        "listener_up",
+                    ],
                 )
             )
         else:

@@ -58,6 +58,9 @@ class ChannelConfig:
     read_timeout: float = 10.0
     max_response_bytes: int = 65536
     verify_tls: bool = True
+    #: Most one attempt may take in all (connect, send, every byte of the answer; or a python
+    #: target's call), seconds; past it the attempt is a retry. Below the lease by default.
+    attempt_timeout: float = 30.0
     # python
     target: str | None = None
 
@@ -173,6 +176,7 @@ _CHANNEL_KEYS = {
     "max_response_bytes",
     "verify_tls",
     "target",
+    "attempt_timeout",
 }
 
 
@@ -291,8 +295,37 @@ def _channel(name: str, raw: Any, env: Mapping[str, str]) -> ChannelConfig:
         read_timeout=num("read_timeout", "duration", 10.0, 0.01, 3600),
         max_response_bytes=num("max_response_bytes", "int", 65536, 0, 64 * 1024 * 1024),
         verify_tls=_convert(f"{where}.verify_tls", "bool", raw.get("verify_tls", True)),
+        attempt_timeout=num("attempt_timeout", "duration", 30.0, 0.01, 86400),
         target=target,
     )
+
+
+def _channel_env_overrides(chans: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """``chans`` with ``PGWORK_CHANNELS_<NAME>_<OPTION>`` applied (NAME upper-cased, - as _; a
+    name the file does not have adds a channel). Headers are set in the file (their values may
+    name an environment variable with ``env:``)."""
+    out = {n: dict(t) if isinstance(t, dict) else t for n, t in chans.items()}
+    by_env_name = {n.upper().replace("-", "_"): n for n in out}
+    keys = sorted(_CHANNEL_KEYS - {"headers"}, key=len, reverse=True)
+    prefix = "PGWORK_CHANNELS_"
+    for var in sorted(env):
+        if not var.startswith(prefix):
+            continue
+        rest = var[len(prefix) :]
+        for key in keys:
+            if rest.endswith("_" + key.upper()) and len(rest) > len(key) + 1:
+                env_name = rest[: -len(key) - 1]
+                break
+        else:
+            raise ConfigError(
+                f"{var}: not a channel option; use PGWORK_CHANNELS_<NAME>_<OPTION> with OPTION one "
+                f"of {', '.join(sorted(k.upper() for k in keys))}"
+            )
+        name = by_env_name.get(env_name, env_name.lower())
+        table = out.setdefault(name, {})
+        if isinstance(table, dict):
+            table[key] = env[var]
+    return out
 
 
 def load(
@@ -353,10 +386,11 @@ def load(
     }
     if policy:
         kwargs["retention"] = RetentionPolicy(**policy)
-    if "channels" in raw:
-        chans = raw["channels"]
-        if not isinstance(chans, dict) or not chans:
-            raise ConfigError("channels: expected at least one [channels.NAME] table")
+    chans = raw.get("channels", {})
+    if "channels" in raw and (not isinstance(chans, dict) or not chans):
+        raise ConfigError("channels: expected at least one [channels.NAME] table")
+    chans = _channel_env_overrides(chans, env)
+    if chans:
         kwargs["channels"] = {name: _channel(name, t, env) for name, t in chans.items()}
     cfg = Config(**kwargs)
     if cfg.claim_batch < 1:

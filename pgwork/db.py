@@ -13,7 +13,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import SCHEMA_VERSION
-from .queries import Q, schema_sql
+from .queries import Q, migration_sql, schema_sql
 
 log = logging.getLogger("pgwork.db")
 
@@ -122,8 +122,9 @@ async def migrate(conn: AsyncConnection[Any]) -> str:
             )
         if v == SCHEMA_VERSION:
             return f"pgwork schema already at version {v}"
-        # Future versions: apply migrations/NNN_*.sql in order here.
-        raise SchemaError(f"no migration path from schema version {v} to {SCHEMA_VERSION}")
+        for step in range(v + 1, SCHEMA_VERSION + 1):
+            await conn.execute(migration_sql(step))
+        return f"upgraded pgwork schema from version {v} to {SCHEMA_VERSION}"
 
 
 async def fetch_all(

@@ -18,6 +18,8 @@ log = logging.getLogger("pgwork.materialiser")
 
 #: How soon to try again when another daemon holds the materialiser lock, seconds.
 BUSY_RETRY = 0.05
+#: How soon to look again when a due reminder was skipped because an app holds its row lock.
+LOCKED_RETRY = 0.5
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,25 @@ class PassResult:
     #: The longest page transaction, seconds.
     longest_page: float
     next_fire_at: datetime | None
+    #: Seconds (database clock) from the cutoff to ``next_fire_at``; None when nothing is left.
+    #: At or below zero when reminders locked by apps were skipped this pass.
+    next_after_cutoff: float | None = None
+
+    @property
+    def skipped(self) -> bool:
+        """Some reminder due in this pass was locked by an app and left for the next pass."""
+        return self.next_after_cutoff is not None and self.next_after_cutoff <= 0
 
 
-_EPOCH = datetime.fromisoformat("1970-01-01T00:00:00+00:00")
+async def _page(
+    conn: AsyncConnection[Any], coordinate: bool, params: dict[str, Any]
+) -> dict[str, Any] | None:
+    """One page in its own transaction; None when another materialiser holds the lock."""
+    async with conn.transaction():
+        got = (await fetch_one(conn, "materialise_lock", {"coordinate": coordinate}))["got"]
+        if not got:
+            return None
+        return await fetch_one(conn, "materialise_page", params)
 
 
 async def run_once(
@@ -44,37 +62,42 @@ async def run_once(
     cutoff: datetime | None = None,
     coordinate: bool = True,
     on_made: Callable[[], None] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> PassResult | None:
-    """One complete pass: every occurrence firing at or before the cutoff gets its work row.
+    """One complete pass: every occurrence firing at or before the cutoff gets its work row,
+    except for reminders an app holds locked right now (the result says so; the next pass takes
+    them).
 
     Pages on ``(next_fire_at, id)``, one short transaction per page. Returns None when another
-    materialiser holds the lock (it is doing this work right now). ``coordinate=False`` skips the
-    lock: correctness never depends on it (tests use that to race two passes). ``on_made`` is called
-    as soon as a page that made rows has committed: local workers claim the ones due now at once
-    and set their timers for the others.
+    materialiser holds the lock (it is doing this work right now). ``coordinate=False`` shares the
+    lock instead: correctness never depends on it (tests use that to race two passes). ``on_made``
+    is called as soon as a page that made rows has committed: local workers claim the ones due now
+    at once and set their timers for the others. ``progress`` is called after every page (health).
     """
     t0 = time.monotonic()
-    after_at, after_id = _EPOCH, 0
+    after_at: datetime | None = None
+    after_id = 0
     scanned = made = made_due = pages = 0
     longest = 0.0
     while True:
         p0 = time.monotonic()
-        page = await fetch_one(
+        page = await _page(
             conn,
-            "materialise_page",
+            coordinate,
             {
                 "cutoff": cutoff,
                 "lookahead": timedelta(seconds=lookahead),
                 "after_at": after_at,
                 "after_id": after_id,
                 "limit": page_size,
-                "coordinate": coordinate,
             },
         )
-        if not page["got"]:
+        if page is None:
             return None
         cutoff = page["cutoff"]
         longest = max(longest, time.monotonic() - p0)
+        if progress is not None:
+            progress()
         if page["made"] and on_made is not None:
             on_made()
         pages += 1
@@ -86,13 +109,21 @@ async def run_once(
         after_at, after_id = page["last_at"], page["last_id"]
     duration = time.monotonic() - t0
     assert cutoff is not None
+    nxt = await fetch_one(conn, "next_fire_at", {"cutoff": cutoff})
+    complete_to = cutoff
+    if nxt["at"] is not None and nxt["after_cutoff_s"] <= 0:
+        # A reminder was skipped (an app holds its row lock): the evidence stops short of it.
+        complete_to = nxt["at"] - timedelta(microseconds=1)
+        log.info(
+            "skipped reminders locked by another transaction; the next pass takes them",
+            extra={"earliest_skipped": nxt["at"].isoformat()},
+        )
     async with conn.transaction():
         await conn.execute(Q["materialise_async_commit"])
         await conn.execute(
             Q["materialise_record_pass"],
-            {"cutoff": cutoff, "made": made, "duration_ms": duration * 1000},
+            {"cutoff": complete_to, "made": made, "duration_ms": duration * 1000},
         )
-    nxt = (await fetch_one(conn, "next_fire_at"))["at"]
     if made:
         log.info(
             "materialised %d work rows",
@@ -105,4 +136,14 @@ async def run_once(
                 "duration_ms": round(duration * 1000, 1),
             },
         )
-    return PassResult(cutoff, scanned, made, made_due, pages, duration, longest, nxt)
+    return PassResult(
+        cutoff,
+        scanned,
+        made,
+        made_due,
+        pages,
+        duration,
+        longest,
+        nxt["at"],
+        nxt["after_cutoff_s"],
+    )

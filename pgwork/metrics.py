@@ -75,9 +75,16 @@ class Metrics:
             ["channel"],
             registry=r,
         )
-        self.in_flight = Gauge(
-            "pgwork_in_flight",
-            "Rows held: queued, being delivered, or waiting for their outcome to be written.",
+        self.rows_held = Gauge(
+            "pgwork_rows_held",
+            "Rows this daemon holds claimed: queued, being delivered, or waiting for their "
+            "outcome to be written.",
+            ["channel"],
+            registry=r,
+        )
+        self.deliveries_active = Gauge(
+            "pgwork_deliveries_active",
+            "Deliveries inside the channel right now (at most its concurrency).",
             ["channel"],
             registry=r,
         )
@@ -133,7 +140,8 @@ class Metrics:
         # Database-derived, refreshed by the metrics duty
         self.lag = Gauge(
             "pgwork_lag_seconds",
-            "Now minus the due time of the oldest due, undelivered work (0 when none).",
+            "Now minus the due time of the oldest overdue occurrence, materialised or not "
+            "(0 when none).",
             registry=r,
         )
         self.oldest_ready = Gauge(
@@ -143,11 +151,16 @@ class Metrics:
         )
         self.work_rows = Gauge(
             "pgwork_work_rows",
-            "Work rows by channel and status.",
+            "Live work rows (ready, claimed) and dead letters by channel and status.",
             ["channel", "status"],
             registry=r,
         )
         self.dead_letters = Gauge("pgwork_dead_letters", "Work rows in the dead state.", registry=r)
+        self.gauge_refresh = Gauge(
+            "pgwork_gauge_refresh_seconds",
+            "How long the last refresh of the database-derived gauges took.",
+            registry=r,
+        )
         # Retention
         self.retention_deleted = Counter(
             "pgwork_retention_deleted_rows", "Terminal work rows deleted by retention.", registry=r

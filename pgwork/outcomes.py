@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 import anyio
+import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
@@ -19,6 +22,66 @@ from .metrics import Metrics
 from .supervise import Backoff, Health
 
 log = logging.getLogger("pgwork.outcomes")
+
+
+#: Longest error text stored (the ledger's CHECK allows 2000).
+MAX_ERROR = 2000
+#: Longest error class stored.
+MAX_ERROR_CLASS = 200
+#: Largest receipt stored, as JSON text; a larger one is replaced by a note saying so.
+MAX_RECEIPT = 16384
+#: Deepest receipt stored; deeper parts are replaced by their text.
+MAX_RECEIPT_DEPTH = 32
+#: Longest retry delay stored, seconds (a receiver may ask for more; it is clamped).
+MAX_RETRY_DELAY = 7 * 86400.0
+
+
+def clean_text(text: str | None, limit: int) -> str | None:
+    """``text`` as Postgres can store it: no NUL characters (text and jsonb refuse them), no
+    lone surrogates, at most ``limit`` characters."""
+    if text is None:
+        return None
+    text = text.replace("\x00", "")
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text[:limit]
+
+
+def _clean_json(value: Any, depth: int) -> Any:
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return clean_text(value, MAX_RECEIPT)
+    if depth >= MAX_RECEIPT_DEPTH:
+        return clean_text(repr(value), 200)
+    if isinstance(value, dict):
+        return {clean_text(str(k), 200): _clean_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean_json(v, depth + 1) for v in value]
+    return clean_text(str(value), MAX_RECEIPT)
+
+
+def clean_receipt(receipt: Any) -> Any:
+    """A receipt as valid, storable JSON: NaN and infinities become null, NUL characters and
+    lone surrogates go, other objects become their text, depth and size are bounded."""
+    if receipt is None:
+        return None
+    cleaned = _clean_json(receipt, 0)
+    text = json.dumps(cleaned, separators=(",", ":"), allow_nan=False)
+    if len(text) > MAX_RECEIPT:
+        return {"truncated": True, "text": text[: MAX_RECEIPT // 2]}
+    return cleaned
+
+
+def clean_delay(delay: float | None) -> float | None:
+    """A retry delay Postgres can add to now(): finite, not negative, at most a week."""
+    if delay is None:
+        return None
+    if not math.isfinite(delay) or delay < 0:
+        return 0.0 if delay != math.inf else MAX_RETRY_DELAY
+    return min(delay, MAX_RETRY_DELAY)
 
 
 @dataclass(frozen=True)
@@ -32,8 +95,10 @@ class Record:
     outcome: str  # delivered | duplicate | retry | failed
     status: str  # delivered | ready | dead
     retry_after: float | None
-    started_at: datetime
-    finished_at: datetime
+    #: When the attempt started and finished, on this process's monotonic clock: the statement
+    #: turns them into database-clock times ("so many seconds ago").
+    started: float
+    finished: float
     http_status: int | None = None
     error_class: str | None = None
     error: str | None = None
@@ -46,16 +111,42 @@ class Record:
     recipient: str = ""
     duration: float = 0.0
 
-    def as_json(self) -> dict[str, Any]:
-        """The record for ``record_outcomes`` (absent keys are NULL)."""
+    @property
+    def key(self) -> tuple[int, int]:
+        """What a claim is known by: the row and the lease that claimed it."""
+        return (self.work_id, self.lease)
+
+    def cleaned(self) -> Record:
+        """This record as Postgres can store it (see the ``clean_*`` functions)."""
+        return replace(
+            self,
+            retry_after=clean_delay(self.retry_after),
+            error=clean_text(self.error, MAX_ERROR),
+            error_class=clean_text(self.error_class, MAX_ERROR_CLASS),
+            receipt=clean_receipt(self.receipt),
+            http_status=self.http_status if self.http_status in range(100, 1000) else None,
+        )
+
+    def bare(self, why: str) -> Record:
+        """The state change alone, for a record whose details could not be stored."""
+        return replace(
+            self,
+            error=f"{self.error or ''} [outcome details could not be stored: {why}]"[-MAX_ERROR:],
+            error_class=None,
+            receipt=None,
+            http_status=None,
+        )
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        """The record for ``record_outcomes`` (absent keys are NULL); ``now`` is monotonic."""
         d: dict[str, Any] = {
             "work_id": self.work_id,
             "lease": self.lease,
             "attempt": self.attempt,
             "outcome": self.outcome,
             "status": self.status,
-            "started_at": self.started_at.isoformat(),
-            "finished_at": self.finished_at.isoformat(),
+            "started_ago": max(0.0, now - self.started),
+            "finished_ago": max(0.0, now - self.finished),
         }
         if self.retry_after is not None:
             d["retry_after"] = self.retry_after
@@ -64,7 +155,7 @@ class Record:
         if self.error_class is not None:
             d["error_class"] = self.error_class
         if self.error is not None:
-            d["error"] = self.error[:2000]
+            d["error"] = self.error
         if self.receipt is not None:
             d["receipt"] = self.receipt
         return d
@@ -73,7 +164,8 @@ class Record:
 @dataclass
 class _Batch:
     records: list[Record] = field(default_factory=list)
-    fenced: set[int] = field(default_factory=set)
+    #: (work id, lease) of the records refused because the lease had passed on.
+    fenced: set[tuple[int, int]] = field(default_factory=set)
 
 
 class OutcomeWriter:
@@ -87,7 +179,7 @@ class OutcomeWriter:
         pool: AsyncConnectionPool[AsyncConnection[Any]],
         metrics: Metrics,
         identity: tuple[str, str, int],
-        on_written: Callable[[list[Record], set[int]], None] | None = None,
+        on_written: Callable[[list[Record], set[tuple[int, int]]], None] | None = None,
         health: Health | None = None,
     ) -> None:
         self.pool = pool
@@ -110,9 +202,10 @@ class OutcomeWriter:
 
     def submit(self, rec: Record) -> None:
         """Queue ``rec``; it is written with the next flush, and ``on_written`` is called with it
-        (and whether it was fenced) once it is durable."""
+        (and whether it was fenced) once it is durable. The record is cleaned first: nothing a
+        receiver or a channel returned can make the statement fail."""
         batch = self._current
-        batch.records.append(rec)
+        batch.records.append(rec.cleaned())
         if len(batch.records) >= self.MAX_BATCH:
             self._waiting.append(batch)
             self._current = _Batch()
@@ -185,19 +278,14 @@ class OutcomeWriter:
                 await self._idle.wait()
 
     async def _write(self, batch: _Batch) -> None:
-        rs = batch.records
-        params = {
-            "outcomes": json.dumps([r.as_json() for r in rs], separators=(",", ":")),
-            "daemon_id": self.daemon_id,
-            "host": self.host,
-            "pid": self.pid,
-        }
-        async with self.pool.connection() as conn:
-            rows = await fetch_all(conn, "record_outcomes", params)
-        batch.fenced = {r["fenced_id"] for r in rows}
+        """Write ``batch``; when the database refuses it for its data (which cleaning should have
+        made impossible), write it in halves, so that one bad record cannot hold the others, and
+        a single bad record with its details stripped."""
+        fenced = await self._write_split(batch.records)
+        batch.fenced = fenced
         self.metrics.outcome_flushes.inc()
-        for r in rs:
-            if r.work_id in batch.fenced:
+        for r in batch.records:
+            if r.key in fenced:
                 self.metrics.fenced.inc()
                 log.warning(
                     "late outcome refused: the lease passed to another worker",
@@ -209,4 +297,40 @@ class OutcomeWriter:
                     },
                 )
         if self.on_written is not None:
-            self.on_written(rs, batch.fenced)
+            self.on_written(batch.records, fenced)
+
+    async def _write_split(self, rs: list[Record]) -> set[tuple[int, int]]:
+        try:
+            return await self._statement(rs)
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
+            if len(rs) > 1:
+                log.warning(
+                    "outcome batch refused for its data; writing it in halves: %s",
+                    e,
+                    extra={"duty": "outcomes", "error_class": type(e).__name__, "rows": len(rs)},
+                )
+                half = len(rs) // 2
+                return await self._write_split(rs[:half]) | await self._write_split(rs[half:])
+            (r,) = rs
+            if r.error_class is None and r.receipt is None and r.http_status is None:
+                raise  # nothing left to strip: retried with backoff by the caller
+            log.error(
+                "outcome details refused by the database; storing the outcome without them: %s",
+                e,
+                extra={"duty": "outcomes", "work_id": r.work_id, "error_class": type(e).__name__},
+            )
+            rs[0] = r.bare(type(e).__name__)
+            return await self._write_split(rs)
+
+    async def _statement(self, rs: list[Record]) -> set[tuple[int, int]]:
+        now = time.monotonic()
+        params = {
+            "outcomes": json.dumps([r.as_json(now) for r in rs], separators=(",", ":")),
+            "daemon_id": self.daemon_id,
+            "host": self.host,
+            "pid": self.pid,
+        }
+        async with self.pool.connection() as conn:
+            rows = await fetch_all(conn, "record_outcomes", params)
+        # Records already applied by a first run of this write (its reply was lost) are not fenced.
+        return {(r["fenced_id"], r["lease"]) for r in rows if not r["already"]}

@@ -31,3 +31,8 @@ Q: dict[str, LiteralString] = _load(_read("queries.sql"))
 def schema_sql() -> LiteralString:
     """The full current schema (``schema.sql``)."""
     return cast(LiteralString, _read("schema.sql"))  # type: ignore[redundant-cast]
+
+
+def migration_sql(version: int) -> LiteralString:
+    """The step that brings the schema from ``version - 1`` to ``version`` (``migrations/NNN.sql``)."""
+    return cast(LiteralString, _read(f"migrations/{version:03d}.sql"))  # type: ignore[redundant-cast]

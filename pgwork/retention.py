@@ -1,14 +1,17 @@
 """Retention duty: delete old terminal work and its ledger rows in keyset-paged, bounded batches.
 
 Never a row that can still be claimed or retried (the status filter is in the DELETE), and never
-in a way that lets a reminder be sent twice: what was materialised is recorded on the reminder
-(``next_fire_at``), not inferred from the work rows this deletes.
+in a way that lets a reminder be sent twice: the materialiser inserts only occurrences past the
+reminder's progress (``next_fire_at``), and a delivered or dead occurrence of a reminder that
+still exists leaves a tombstone (``pgwork.retired``) that the materialiser honours even after a
+reschedule brings the same deadline back.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,8 +26,6 @@ from .metrics import Metrics
 from .queries import Q
 
 log = logging.getLogger("pgwork.retention")
-
-_EPOCH = datetime.fromisoformat("1970-01-01T00:00:00+00:00")
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,18 @@ class Retention:
             },
         )
 
-    async def run_once(self, conn: AsyncConnection[Any]) -> RetentionResult:
-        """One pass over everything past its keep, batch by batch (each its own transaction)."""
+    async def run_once(
+        self, conn: AsyncConnection[Any], progress: Callable[[], None] | None = None
+    ) -> RetentionResult:
+        """One pass over everything past its keep, batch by batch (each its own transaction).
+        ``progress`` is called after every batch that completed (health: a long pass over a large
+        backlog is not a stuck one)."""
         t0 = time.monotonic()
         now = (await fetch_one(conn, "db_now"))["now"]
         done_before = now - timedelta(seconds=self.policy.keep)
         dead_before = now - timedelta(seconds=self.policy.dead_keep)
-        after_at, after_id = _EPOCH, 0
+        after_at: datetime | None = None
+        after_id = 0
         deleted = ledger = batches = timeouts = 0
         longest = 0.0
         largest = 0
@@ -115,6 +121,8 @@ class Retention:
                 await anyio.sleep(self.policy.pause)
                 continue
             took = time.monotonic() - b0
+            if progress is not None:
+                progress()
             longest = max(longest, took)
             largest = max(largest, page["deleted"])
             in_a_row = 0

@@ -9,6 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import anyio
+
 from .metrics import Metrics
 from .waker import Waker
 
@@ -16,8 +18,9 @@ log = logging.getLogger("pgwork.supervise")
 
 
 class Health:
-    """Which passes are running and since when: a pass that runs far longer than any pass should
-    means a stuck loop, and the systemd watchdog stops being fed."""
+    """Which passes are running and when each last made progress (a page, a batch, a flush): a
+    pass that made no progress for far longer than any step should take means a stuck loop, and
+    the systemd watchdog stops being fed. A long pass that keeps making progress is healthy."""
 
     def __init__(self) -> None:
         self.running: dict[str, float] = {}
@@ -25,13 +28,52 @@ class Health:
     def begin(self, name: str) -> None:
         self.running[name] = time.monotonic()
 
+    def progress(self, name: str) -> None:
+        """``name`` finished a step of its pass (only counted while the pass runs)."""
+        if name in self.running:
+            self.running[name] = time.monotonic()
+
     def end(self, name: str) -> None:
         self.running.pop(name, None)
 
     def stuck(self, limit: float) -> list[tuple[str, float]]:
-        """Passes running longer than ``limit`` seconds, with how long."""
+        """Passes without progress for longer than ``limit`` seconds, with how long."""
         now = time.monotonic()
         return [(n, now - t) for n, t in self.running.items() if now - t > limit]
+
+
+class Revival:
+    """Duties that failed wait out their backoff, or less: when the database answers again (a
+    probe connects once a second while any duty is failing), every one of them looks again at
+    once, so a long outage does not leave a loop asleep for its 30-second backoff afterwards."""
+
+    PROBE_INTERVAL = 1.0
+
+    def __init__(self) -> None:
+        self.failing: set[Waker] = set()
+
+    def failed(self, waker: Waker) -> None:
+        self.failing.add(waker)
+
+    def recovered(self, waker: Waker) -> None:
+        self.failing.discard(waker)
+
+    def revive(self) -> None:
+        for w in list(self.failing):
+            w.wake("revived")
+
+    async def probe(self, connect: Callable[[], Awaitable[None]]) -> None:
+        """While any duty is failing, try ``connect`` once a second; on success revive them."""
+        while True:
+            await anyio.sleep(self.PROBE_INTERVAL)
+            if not self.failing:
+                continue
+            try:
+                await connect()
+            except Exception:
+                continue
+            log.info("the database answers again; failed duties look again now")
+            self.revive()
 
 
 @dataclass(frozen=True)
@@ -69,6 +111,7 @@ async def duty_loop(
     *,
     first: Next | None = None,
     health: Health | None = None,
+    revival: Revival | None = None,
 ) -> None:
     """Run ``step`` forever. An exception in a pass is logged, counted and retried with backoff;
     cancellation passes straight through (it is how the daemon stops a duty)."""
@@ -93,7 +136,11 @@ async def duty_loop(
                 exc_info=backoff.failures == 1,
             )
             nxt = Next(delay, "retry")
+            if revival is not None:
+                revival.failed(waker)
         else:
+            if revival is not None:
+                revival.recovered(waker)
             if backoff.failures:
                 metrics.duty_restarts.labels(name).inc()
                 log.info(

@@ -9,7 +9,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -19,6 +19,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .channels import Channel, Delivered, Delivery, Failed, Outcome, Retry
+from .clock import Clock
 from .config import RetryPolicy
 from .db import fetch_all, fetch_one
 from .metrics import Metrics
@@ -65,16 +66,18 @@ class Held:
 
 
 class Leases:
-    """The rows this daemon holds, for heartbeats and for release on shutdown."""
+    """The claims this daemon holds, by (work id, lease), for heartbeats and for release on
+    shutdown. One row can be held under two leases at once (a lease expired while its delivery
+    was still running, and this daemon claimed the row again): they are two claims."""
 
     def __init__(self) -> None:
-        self.held: dict[int, Held] = {}
+        self.held: dict[tuple[int, int], Held] = {}
 
     def add(self, h: Held) -> None:
-        self.held[h.work_id] = h
+        self.held[(h.work_id, h.lease)] = h
 
-    def drop(self, work_id: int) -> None:
-        self.held.pop(work_id, None)
+    def drop(self, key: tuple[int, int]) -> None:
+        self.held.pop(key, None)
 
 
 class ChannelWorker:
@@ -89,6 +92,8 @@ class ChannelWorker:
 
     #: Deliveries a worker runs back to back before it yields to the event loop.
     YIELD_EVERY = 64
+    #: Least wait after a claim that got nothing while a row was due (locked by someone), seconds.
+    EMPTY_PASS_FLOOR = 0.05
 
     def __init__(
         self,
@@ -102,8 +107,11 @@ class ChannelWorker:
         lease: float,
         claim_batch: int,
         tick: float,
+        clock: Clock | None = None,
     ) -> None:
         self.channel = channel
+        self.clock = clock or Clock()
+        self.attempt_timeout = channel.config.attempt_timeout
         self.name = channel.config.name
         self.policy = channel.config.retry
         self.concurrency = channel.config.concurrency
@@ -122,6 +130,8 @@ class ChannelWorker:
         #: Rows claimed and not yet settled: queued, being delivered, or waiting for their outcome
         #: to be written.
         self.held = 0
+        #: Deliveries inside the channel right now.
+        self.active = 0
         self._queue: deque[dict[str, Any]] = deque()
         self._idle: list[anyio.Event] = []
         self._closed = False
@@ -133,7 +143,8 @@ class ChannelWorker:
         }
         self._m_duration = metrics.delivery_duration.labels(self.name)
         self._m_lateness = metrics.lateness.labels(self.name)
-        self._m_in_flight = metrics.in_flight.labels(self.name)
+        self._m_in_flight = metrics.rows_held.labels(self.name)
+        self._m_active = metrics.deliveries_active.labels(self.name)
         self._m_claimed = metrics.claimed.labels(self.name)
         self._m_duplicates = metrics.duplicates.labels(self.name)
 
@@ -228,12 +239,16 @@ class ChannelWorker:
             return Next(math.inf, "stopped")
         if len(rows) == limit:
             return Next(0, "more")
-        # Only now, with the rows handed to the workers: when is the next row claimable?
+        # Only now, with the rows handed to the workers: when is the next row claimable? Asked
+        # of the database's clock, so a host clock that is off cannot make the loop spin.
         async with self.pool.connection() as conn:
-            nxt = (await fetch_one(conn, "next_available", {"channel": self.name}))["at"]
-        if nxt is None:
+            wait = (await fetch_one(conn, "next_available", {"channel": self.name}))["wait_s"]
+        if wait is None:
             return Next(self.tick, "tick")
-        wait = (nxt - datetime.now(UTC)).total_seconds()
+        if not rows:
+            # Nothing claimable although something is due: rows locked by another transaction.
+            # Look again soon, not at once.
+            wait = max(wait, self.EMPTY_PASS_FLOOR)
         return Next(max(0.0, min(self.tick, wait)), "timer" if wait < self.tick else "tick")
 
     async def _worker(self) -> None:
@@ -264,13 +279,26 @@ class ChannelWorker:
             payload=row["payload"],
             attempt=row["attempts"],
         )
-        started = datetime.now(UTC)
         t0 = time.monotonic()
+        self.active += 1
+        self._m_active.set(self.active)
         try:
-            outcome = await self.channel.deliver(d)
+            # The whole attempt is bounded: a receiver dripping bytes or a hung target is a retry.
+            with anyio.move_on_after(self.attempt_timeout) as scope:
+                outcome = await self.channel.deliver(d)
+            if scope.cancelled_caught:
+                outcome = Retry(
+                    error=f"attempt timed out after {self.attempt_timeout:g}s "
+                    f"(channels.{self.name}.attempt_timeout)",
+                    error_class="AttemptTimeout",
+                )
         except Exception as e:  # a channel bug or a receiver problem: retry with backoff
             outcome = Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
-        elapsed = time.monotonic() - t0
+        finally:
+            self.active -= 1
+            self._m_active.set(self.active)
+        t1 = time.monotonic()
+        elapsed = t1 - t0
         self._m_duration.observe(elapsed)
         ledger, status, delay, error = decide(
             outcome, row["attempts"] - row["attempts_base"], self.policy
@@ -284,8 +312,8 @@ class ChannelWorker:
                 outcome=ledger,
                 status=status,
                 retry_after=delay,
-                started_at=started,
-                finished_at=datetime.now(UTC),
+                started=t0,
+                finished=t1,
                 http_status=outcome.http_status,
                 error_class=None if isinstance(outcome, Delivered) else outcome.error_class,
                 error=error,
@@ -299,15 +327,18 @@ class ChannelWorker:
             )
         )
 
-    def settle(self, records: list[Record], fenced: set[int]) -> None:
-        """Called by the outcome writer once ``records`` of this channel are durable."""
+    def settle(self, records: list[Record], fenced: set[tuple[int, int]]) -> None:
+        """Called by the outcome writer once ``records`` of this channel are durable; ``fenced``
+        holds the (work id, lease) of those refused because the lease had passed on."""
         log_info = log.isEnabledFor(logging.INFO)
         for r in records:
-            self.leases.drop(r.work_id)
-            accepted = r.work_id not in fenced
+            self.leases.drop(r.key)
+            accepted = r.key not in fenced
             self._m_attempts[r.outcome if accepted else "fenced"].inc()
             if accepted and r.status == "delivered" and r.due_at is not None:
-                self._m_lateness.observe(max(0.0, (r.finished_at - r.due_at).total_seconds()))
+                # Both instants by the database's clock (see Clock).
+                finished_at = self.clock.db_time(r.finished)
+                self._m_lateness.observe(max(0.0, (finished_at - r.due_at).total_seconds()))
                 if r.outcome == "duplicate":
                     self._m_duplicates.inc()
             if r.status == "ready":
@@ -346,8 +377,8 @@ class ChannelWorker:
 
 async def heartbeat_step(
     pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, lease: float
-) -> set[int]:
-    """Extend the lease of every row still held; returns the ids no longer ours (fenced)."""
+) -> set[tuple[int, int]]:
+    """Extend the lease of every claim still held; returns the (work id, lease) no longer ours."""
     held = list(leases.held.values())
     if not held:
         return set()
@@ -361,10 +392,10 @@ async def heartbeat_step(
                 "lease": timedelta(seconds=lease),
             },
         )
-    kept = {r["id"] for r in rows}
-    lost = {h.work_id for h in held} - kept
-    # A row whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
-    return {i for i in lost if i in leases.held}
+    kept = {(r["id"], r["lease"]) for r in rows}
+    lost = {(h.work_id, h.lease) for h in held} - kept
+    # A claim whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
+    return {k for k in lost if k in leases.held}
 
 
 async def release_all(
@@ -388,5 +419,5 @@ async def release_all(
             },
         )
     for h in held:
-        leases.drop(h.work_id)
+        leases.drop((h.work_id, h.lease))
     return len(rows)

@@ -31,6 +31,7 @@ class Answer:
     drop: bool = False  # read the request, then close the connection without answering
     garbage: bool = False  # answer bytes that are not HTTP
     hold: threading.Event | None = None  # wait for the test to release the answer
+    drip: float = 0.0  # send the headers, then the body one byte per `drip` seconds
 
 
 Script = Callable[[Request], Answer]
@@ -78,6 +79,12 @@ class Receiver:
                 self.send_header("Content-Length", str(len(ans.body)))
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
+                if ans.drip:
+                    for i in range(len(ans.body)):
+                        self.wfile.write(ans.body[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(ans.drip)
+                    return
                 self.wfile.write(ans.body)
 
         class Server(ThreadingHTTPServer):

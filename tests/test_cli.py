@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgwork import __version__
+from pgwork import SCHEMA_VERSION, __version__
 
 from .helpers import add, materialise, rows
 
@@ -86,8 +86,11 @@ async def test_migrate_then_run_refusals(empty_dsn: str) -> None:
         2,
         "pgwork: this database has no pgwork schema: run `pgwork migrate` first",
     )
-    assert "installed pgwork schema version 1" in pgwork("migrate", dsn=empty_dsn).stdout
-    assert "already at version 1" in pgwork("migrate", dsn=empty_dsn).stdout
+    assert (
+        f"installed pgwork schema version {SCHEMA_VERSION}"
+        in pgwork("migrate", dsn=empty_dsn).stdout
+    )
+    assert f"already at version {SCHEMA_VERSION}" in pgwork("migrate", dsn=empty_dsn).stdout
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute("UPDATE pgwork.schema_version SET version = 99")
     r = pgwork("run", dsn=empty_dsn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -50,6 +51,52 @@ async def test_newer_schema_is_refused(conn: psycopg.AsyncConnection[Any]) -> No
         await db.check_schema(conn)
     with pytest.raises(db.SchemaError, match="refusing"):
         await db.migrate(conn)
+
+
+async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
+    """pgwork's schema as the catalog describes it: columns, constraints, indexes, functions,
+    triggers, views and comments."""
+    q = {
+        "columns": "SELECT table_name, column_name, data_type, is_nullable, column_default "
+        "FROM information_schema.columns WHERE table_schema = 'pgwork' ORDER BY 1, 2",
+        "constraints": "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint "
+        "WHERE connamespace = 'pgwork'::regnamespace ORDER BY 1, 2",
+        "indexes": "SELECT indexdef FROM pg_indexes WHERE schemaname = 'pgwork' ORDER BY 1",
+        "functions": "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+        "WHERE p.pronamespace = 'pgwork'::regnamespace ORDER BY 1",
+        "triggers": "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+        "WHERE tgrelid::regclass::text LIKE 'pgwork.%' AND NOT tgisinternal ORDER BY 1",
+        "views": "SELECT viewname, definition FROM pg_views WHERE schemaname = 'pgwork' ORDER BY 1",
+        "comments": "SELECT c.relname, d.objsubid, d.description FROM pg_description d "
+        "JOIN pg_class c ON c.oid = d.objoid WHERE c.relnamespace = 'pgwork'::regnamespace "
+        "ORDER BY 1, 2",
+        "grants": "SELECT table_name, privilege_type FROM information_schema.role_table_grants "
+        "WHERE table_schema = 'pgwork' AND grantee = 'pgwork_app' ORDER BY 1, 2",
+        "version": "SELECT version FROM pgwork.schema_version",
+    }
+    out: dict[str, list[Any]] = {}
+    for k, sql in q.items():
+        cur = await c.execute(sql)
+        out[k] = await cur.fetchall()
+    return out
+
+
+async def test_upgrade_from_version_1_equals_a_fresh_install(
+    empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Every migration brings an existing database to exactly the schema a fresh install has."""
+    v1 = (Path(__file__).parent / "data" / "schema_v1.sql").read_text()
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        await c.execute(v1)
+        await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
+        await add(c, "kept-through-upgrade", "now() + interval '1 day'")
+        assert "upgraded pgwork schema from version 1 to 2" in await db.migrate(c)
+        await db.check_schema(c)
+        upgraded = await _catalog(c)
+        assert len(await rows(c, "SELECT * FROM pgwork.reminder_status")) == 1
+    fresh = await _catalog(conn)
+    for part in fresh:
+        assert upgraded[part] == fresh[part], part
 
 
 # -- the SQL API -----------------------------------------------------------------------------

@@ -410,7 +410,6 @@ async def test_drain_waits_for_a_flush_under_way(
     # Shutdown releases held rows only after drain(): a flush still under way must count, or the
     # release would hand back a row whose 'delivered' outcome is about to be written.
     import time as _time
-    from datetime import UTC, datetime
 
     from pgwork.metrics import Metrics
     from pgwork.outcomes import OutcomeWriter, Record
@@ -430,7 +429,6 @@ async def test_drain_waits_for_a_flush_under_way(
                 "SELECT 1 FROM pgwork.renewal_work WHERE id = %s FOR UPDATE", (row["id"],)
             )
             tg.start_soon(writer.run)
-            now = datetime.now(UTC)
             writer.submit(
                 Record(
                     work_id=row["id"],
@@ -440,8 +438,8 @@ async def test_drain_waits_for_a_flush_under_way(
                     outcome="delivered",
                     status="delivered",
                     retry_after=None,
-                    started_at=now,
-                    finished_at=now,
+                    started=_time.monotonic(),
+                    finished=_time.monotonic(),
                 )
             )
             await anyio.sleep(0.3)  # the flush has started and waits for the row lock

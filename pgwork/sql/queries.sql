@@ -13,39 +13,47 @@ SELECT version FROM pgwork.schema_version
 -- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
 SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
 
--- name: materialise_async_commit
-SELECT set_config('synchronous_commit', 'off', true)
+-- name: materialise_lock
+-- Opens a page's transaction. Taken before the page statement, so that the page's snapshot is
+-- younger than any retention batch that retired work rows (retention takes the same lock
+-- exclusively): a page can never miss a tombstone and re-insert an occurrence already sent.
+-- With coordinate, only one materialiser pages at a time (the others see got = false and retry
+-- shortly); without (tests racing two passes), materialisers share the lock.
+SELECT CASE WHEN %(coordinate)s THEN pg_try_advisory_xact_lock(hashtext('pgwork.materialise'))
+            ELSE pg_advisory_xact_lock_shared(hashtext('pgwork.materialise')) IS NOT NULL END AS got,
+       -- The page commits without waiting for the WAL flush: one lost in a crash is redone by the
+       -- next pass (the progress is in the same transaction), and work due now reaches a worker
+       -- one disk flush sooner.
+       set_config('synchronous_commit', 'off', true) AS async_commit
 
 -- name: materialise_page
 -- One keyset page of reminders with an occurrence firing at or before the cutoff, in one
--- statement (its own transaction): insert their work rows (a repeat is a no-op; a superseded row
--- for the same deadline is revived because the deadline came back), advance each reminder's
--- next_fire_at past the cutoff ('infinity' when nothing is left), and NOTIFY the workers of every
--- daemon when it made rows (due now, or later: their claim timers must learn of them). With coordinate, only one materialiser pages at a time
--- (the others see got = false and retry shortly); correctness never depends on it. The page
--- commits without waiting for the WAL flush: one lost in a crash is redone by the next pass (the
--- progress is in the same transaction), and work due now reaches a worker one disk flush sooner.
-WITH lock AS MATERIALIZED (
-    SELECT CASE WHEN %(coordinate)s THEN pg_try_advisory_xact_lock(hashtext('pgwork.materialise'))
-                ELSE true END AS got,
-           set_config('synchronous_commit', 'off', true) AS async_commit,
-           -- The first page of a pass fixes the cutoff; later pages pass it back.
-           coalesce(%(cutoff)s::timestamptz, now() + %(lookahead)s::interval) AS cutoff
+-- statement, inside the transaction materialise_lock opened: insert their work rows, advance each
+-- reminder's next_fire_at past the cutoff ('infinity' when nothing is left), and NOTIFY the
+-- workers of every daemon when it made rows (due now, or later: their claim timers must learn of
+-- them). Only occurrences at or after the reminder's progress (next_fire_at) are inserted, and
+-- never one that retention retired: an occurrence is materialised once per deadline, whatever
+-- retention deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
+-- because the deadline came back. Reminders locked by an app's transaction are skipped (their
+-- progress is unchanged, so the next pass takes them); the caller sees that in next_fire_at.
+WITH params AS MATERIALIZED (
+    -- The first page of a pass fixes the cutoff; later pages pass it back.
+    SELECT coalesce(%(cutoff)s::timestamptz, now() + %(lookahead)s::interval) AS cutoff
 ), due AS MATERIALIZED (
     SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
            r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at
       FROM pgwork.reminder r
-     WHERE (SELECT got FROM lock)
-       AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
-       AND coalesce(r.next_fire_at, r.due_at) <= (SELECT cutoff FROM lock)
-       AND (coalesce(r.next_fire_at, r.due_at), r.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+     WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+       AND coalesce(r.next_fire_at, r.due_at) <= (SELECT cutoff FROM params)
+       AND (coalesce(r.next_fire_at, r.due_at), r.id)
+           > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s::bigint)
      ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
      LIMIT %(limit)s
-       FOR UPDATE OF r
+       FOR UPDATE OF r SKIP LOCKED
 ), occ AS MATERIALIZED (
-    SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before,
+    SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
            pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
-           (SELECT cutoff FROM lock) AS cutoff
+           (SELECT cutoff FROM params) AS cutoff
       FROM due d
      CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
 ), made AS (
@@ -55,6 +63,9 @@ WITH lock AS MATERIALIZED (
            pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before), o.fire_at
       FROM occ o
      WHERE o.fire_at <= o.cutoff
+       AND o.fire_at >= o.progress
+       AND NOT EXISTS (SELECT 1 FROM pgwork.retired t
+                        WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before)
         ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
        SET status = 'ready', available_at = excluded.available_at, finished_at = NULL
      WHERE w.status = 'superseded'
@@ -71,8 +82,7 @@ WITH lock AS MATERIALIZED (
       JOIN nxt n ON n.id = d.id
      WHERE r.ctid = d.row_ctid
 )
-SELECT (SELECT got FROM lock) AS got,
-       (SELECT cutoff FROM lock) AS cutoff,
+SELECT (SELECT cutoff FROM params) AS cutoff,
        (SELECT count(*) FROM due) AS scanned,
        (SELECT count(*) FROM made) AS made,
        (SELECT count(*) FROM made WHERE due_at <= now()) AS made_due,
@@ -83,8 +93,12 @@ SELECT (SELECT got FROM lock) AS got,
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (SELECT next_fire_at, id FROM due ORDER BY next_fire_at DESC, id DESC LIMIT 1) l ON true
 
+-- name: materialise_async_commit
+SELECT set_config('synchronous_commit', 'off', true)
+
 -- name: materialise_record_pass
--- Evidence of a complete pass.
+-- Evidence of a pass: everything firing at or before %(cutoff)s has its work row (the caller
+-- passes less than the pass's cutoff when reminders locked by apps were skipped).
 UPDATE pgwork.materialiser_state
    SET last_cutoff = greatest(last_cutoff, %(cutoff)s),
        last_pass_at = now(),
@@ -93,12 +107,15 @@ UPDATE pgwork.materialiser_state
        total_inserted = total_inserted + %(made)s
 
 -- name: next_fire_at
--- The earliest occurrence not yet materialised (the materialiser sleeps until it enters the window).
-SELECT (SELECT coalesce(r.next_fire_at, r.due_at)
-          FROM pgwork.reminder r
-         WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
-         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
-         LIMIT 1) AS at
+-- The earliest occurrence not yet materialised, and how far it is past %(cutoff)s in seconds by
+-- the database clock (the materialiser sleeps until it enters the window; at or before the
+-- cutoff means a reminder was skipped because an app held its row lock).
+SELECT n.at, extract(epoch FROM n.at - %(cutoff)s::timestamptz)::float8 AS after_cutoff_s
+  FROM (SELECT (SELECT coalesce(r.next_fire_at, r.due_at)
+                  FROM pgwork.reminder r
+                 WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+                 ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+                 LIMIT 1) AS at) AS n
 
 -- name: register_channels
 -- Make the configured channels known, so reminders naming them are accepted.
@@ -107,9 +124,16 @@ SELECT * FROM unnest(%(names)s::text[], %(kinds)s::text[])
     ON CONFLICT (name) DO UPDATE SET kind = excluded.kind
 
 -- name: daemon_register
-INSERT INTO pgwork.daemon (id, host, pid, version)
-VALUES (%(id)s, %(host)s, %(pid)s, %(version)s)
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every
+
+-- name: daemons_forget_gone
+-- Daemons silent for ten heartbeat intervals (and at least ten minutes) are gone for good (killed,
+-- host lost): their rows go. Their claims come back through lease expiry, not through this.
+DELETE FROM pgwork.daemon
+ WHERE heartbeat_at < now() - greatest(10 * heartbeat_every, interval '10 minutes')
+RETURNING id
 
 -- name: daemon_heartbeat
 UPDATE pgwork.daemon SET heartbeat_at = now(), listener_up = %(listener_up)s WHERE id = %(id)s
@@ -182,61 +206,76 @@ SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, 
   FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, updated u
 
 -- name: next_available
--- When the next row of a channel becomes claimable (ready rows) or reclaimable (claimed rows).
-SELECT min(available_at) AS at
+-- Seconds (by this database's clock) until the next row of a channel becomes claimable (ready
+-- rows) or reclaimable (claimed rows); negative when one is claimable now; NULL when none.
+SELECT extract(epoch FROM min(available_at) - now())::float8 AS wait_s
   FROM pgwork.renewal_work
  WHERE channel = %(channel)s AND status IN ('ready', 'claimed')
 
 -- name: record_outcomes
 -- Record a batch of attempt outcomes in one statement (a JSON array of records: json.dumps is far
--- cheaper for the daemon than twelve parameter arrays). Each update is fenced by the lease it
--- claimed: a row whose lease passed to another worker is left alone, and the ledger says so.
+-- cheaper for the daemon than twelve parameter arrays). Every record names the lease it claimed,
+-- and everything is matched on (work id, lease): a row whose lease passed to another worker is
+-- left alone and the ledger says so, even when two leases of one row are in the same batch.
+-- Times come from this database's clock: the daemon sends how many seconds ago the attempt
+-- started and finished. Returns only the records not applied now: fenced, or already applied by
+-- an earlier run of this same write whose commit reply was lost (already = true).
 WITH o AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb)
         AS o(work_id bigint, lease int, attempt int, outcome text, status text, retry_after float8,
-             started_at timestamptz, finished_at timestamptz, http_status int, error_class text,
+             started_ago float8, finished_ago float8, http_status int, error_class text,
              error text, receipt jsonb)
 ), locked AS (
     -- Row locks in id order, as the heartbeat takes them: the two never deadlock.
-    SELECT w.id
+    SELECT w.id, w.lease
       FROM pgwork.renewal_work w
-      JOIN o ON o.work_id = w.id
-     WHERE w.lease = o.lease AND w.status = 'claimed'
+      JOIN o ON o.work_id = w.id AND o.lease = w.lease
+     WHERE w.status = 'claimed'
      ORDER BY w.id
        FOR UPDATE OF w
 ), done AS (
     UPDATE pgwork.renewal_work w
        SET status = o.status,
            available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
-           finished_at = CASE WHEN o.status IN ('delivered', 'dead') THEN o.finished_at END,
+           finished_at = CASE WHEN o.status IN ('delivered', 'dead') THEN now() END,
            last_error = o.error,
            dead_reason = CASE WHEN o.status = 'dead' THEN coalesce(o.error, o.outcome) END
       FROM o
-      JOIN locked l ON l.id = o.work_id
+      JOIN locked l ON l.id = o.work_id AND l.lease = o.lease
      WHERE w.id = o.work_id
-    RETURNING w.id
+    RETURNING w.id, w.lease
+), judged AS (
+    SELECT o.*, EXISTS (SELECT 1 FROM done d WHERE d.id = o.work_id AND d.lease = o.lease) AS applied,
+           -- A retried write whose first run committed (reply lost): its ledger row is there.
+           EXISTS (SELECT 1 FROM pgwork.attempt a
+                    WHERE a.work_id = o.work_id AND a.lease = o.lease AND a.outcome = o.outcome
+                      AND a.daemon_id = %(daemon_id)s) AS already
+      FROM o
 ), ledger AS (
     INSERT INTO pgwork.attempt AS a
            (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome,
             http_status, error_class, error, receipt)
-    SELECT o.work_id, o.lease, o.attempt, %(daemon_id)s, %(host)s, %(pid)s, o.started_at, o.finished_at,
-           CASE WHEN o.work_id IN (SELECT id FROM done) THEN o.outcome ELSE 'fenced' END,
-           o.http_status, o.error_class,
-           CASE WHEN o.work_id IN (SELECT id FROM done) THEN o.error
-                ELSE left('late outcome ' || o.outcome || coalesce(': ' || o.error, ''), 2000) END,
-           o.receipt
-      FROM o
+    SELECT j.work_id, j.lease, j.attempt, %(daemon_id)s, %(host)s, %(pid)s,
+           now() - make_interval(secs => coalesce(j.started_ago, 0)),
+           now() - make_interval(secs => coalesce(j.finished_ago, 0)),
+           CASE WHEN j.applied THEN j.outcome ELSE 'fenced' END,
+           j.http_status, j.error_class,
+           CASE WHEN j.applied THEN j.error
+                ELSE left('late outcome ' || j.outcome || coalesce(': ' || j.error, ''), 2000) END,
+           j.receipt
+      FROM judged j
+     WHERE NOT j.already
         ON CONFLICT (work_id, lease) DO UPDATE
        SET outcome = excluded.outcome, finished_at = excluded.finished_at, http_status = excluded.http_status,
            error_class = excluded.error_class, error = excluded.error, receipt = excluded.receipt
      WHERE a.outcome = 'lease_expired'
 )
-SELECT o.work_id AS fenced_id FROM o WHERE o.work_id NOT IN (SELECT id FROM done)
+SELECT j.work_id AS fenced_id, j.lease, j.already FROM judged j WHERE NOT j.applied
 
 -- name: extend_leases
--- Heartbeat for long deliveries: push the lease of rows still held (fenced by lease). Row locks
--- are taken in id order, as record_outcomes takes them.
+-- Heartbeat for long deliveries: push the lease of rows still held, matched on (work id, lease).
+-- Row locks are taken in id order, as record_outcomes takes them.
 WITH locked AS (
     SELECT w.id
       FROM pgwork.renewal_work w
@@ -250,7 +289,7 @@ UPDATE pgwork.renewal_work w
    SET available_at = now() + %(lease)s::interval
   FROM locked l
  WHERE w.id = l.id
-RETURNING w.id
+RETURNING w.id, w.lease
 
 -- name: release_leases
 -- Clean shutdown: give back rows we hold without counting the attempt (fenced by lease).
@@ -322,15 +361,38 @@ WITH target AS (
 SELECT t.id, t.verdict, (SELECT count(*) FROM notified) AS notified FROM target t ORDER BY t.id
 
 -- name: work_states
--- Work rows by channel and status (status command, metrics).
-SELECT channel, status, count(*) AS n FROM pgwork.renewal_work GROUP BY channel, status ORDER BY channel, status
+-- Live work rows (ready, claimed) and dead letters by channel and status (status command,
+-- metrics). Each half reads only its partial index: the cost grows with live and dead rows, never
+-- with the delivered rows retention keeps. Terminal counts are in the attempt counters.
+SELECT channel, status, count(*) AS n
+  FROM pgwork.renewal_work
+ WHERE status IN ('ready', 'claimed')
+ GROUP BY channel, status
+UNION ALL
+SELECT channel, 'dead', count(*)
+  FROM pgwork.renewal_work
+ WHERE status = 'dead'
+ GROUP BY channel
+ ORDER BY 1, 2
 
 -- name: lag
--- Lateness of the oldest due, undelivered work: now minus its due time (0 when none).
-SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8 AS lag_seconds,
-       coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'ready')), 0)::float8 AS oldest_ready_seconds
-  FROM pgwork.renewal_work
- WHERE status IN ('ready', 'claimed') AND due_at <= now()
+-- How late the oldest overdue occurrence is, now minus its due time (0 when none): due work not
+-- yet delivered, and reminders whose next occurrence is due but has no work row yet (no daemon
+-- running, or the materialiser behind). Both read an index from its start; the first is bounded by
+-- the live rows.
+SELECT greatest(w.lag, r.lag, 0)::float8 AS lag_seconds,
+       greatest(w.oldest_ready, 0)::float8 AS oldest_ready_seconds,
+       greatest(r.lag, 0)::float8 AS unmaterialised_seconds
+  FROM (SELECT extract(epoch FROM now() - min(due_at)) AS lag,
+               extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'ready')) AS oldest_ready
+          FROM pgwork.renewal_work
+         WHERE status IN ('ready', 'claimed') AND due_at <= now()) AS w,
+       (SELECT extract(epoch FROM now() - (
+                   SELECT coalesce(next_fire_at, due_at)
+                     FROM pgwork.reminder
+                    WHERE next_fire_at IS NULL OR next_fire_at < 'infinity'
+                    ORDER BY coalesce(next_fire_at, due_at), id
+                    LIMIT 1)) AS lag) AS r
 
 -- name: materialiser_state
 SELECT last_cutoff, last_pass_at, last_inserted, last_duration_ms, total_inserted,
@@ -338,8 +400,10 @@ SELECT last_cutoff, last_pass_at, last_inserted, last_duration_ms, total_inserte
   FROM pgwork.materialiser_state
 
 -- name: daemons
+-- A daemon silent for more than three heartbeat intervals is shown as gone.
 SELECT id, host, pid, version, started_at, heartbeat_at, listener_up,
-       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds,
+       heartbeat_at < now() - 3 * heartbeat_every AS gone
   FROM pgwork.daemon ORDER BY started_at
 
 -- name: listen
@@ -361,13 +425,18 @@ UPDATE pgwork.config SET retention_paused = %(paused)s
 -- One keyset batch of terminal work older than its keep (dead letters have their own, longer
 -- keep), deleted by primary key with its ledger rows. The terminal-status and age filters are in
 -- the DELETE itself: a row that became live again (a superseded occurrence revived) between the
--- scan and the delete is left alone.
-WITH victims AS MATERIALIZED (
+-- scan and the delete is left alone. A delivered or dead occurrence of a reminder that still
+-- exists leaves a tombstone (pgwork.retired) that the materialiser honours; the batch holds the
+-- materialiser's lock exclusively, so no page can run on a snapshot that misses the tombstone.
+WITH lock AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtext('pgwork.materialise')) IS NOT NULL AS got
+), victims AS MATERIALIZED (
     SELECT w.id, w.finished_at
       FROM pgwork.renewal_work w
-     WHERE w.status IN ('delivered', 'dead', 'cancelled', 'superseded')
+     WHERE (SELECT got FROM lock)
+       AND w.status IN ('delivered', 'dead', 'cancelled', 'superseded')
        AND w.finished_at < greatest(%(done_before)s::timestamptz, %(dead_before)s::timestamptz)
-       AND (w.finished_at, w.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+       AND (w.finished_at, w.id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s::bigint)
      ORDER BY w.finished_at, w.id
      LIMIT %(limit)s
 ), gone AS (
@@ -377,13 +446,22 @@ WITH victims AS MATERIALIZED (
        AND w.status IN ('delivered', 'dead', 'cancelled', 'superseded')
        AND w.finished_at < CASE WHEN w.status = 'dead' THEN %(dead_before)s::timestamptz
                                 ELSE %(done_before)s::timestamptz END
-    RETURNING w.id
+    RETURNING w.id, w.reminder_id, w.deadline, w.occurrence, w.status, w.operation_id, w.finished_at
+), tombstones AS (
+    INSERT INTO pgwork.retired (reminder_id, deadline, occurrence, status, operation_id, finished_at)
+    SELECT g.reminder_id, g.deadline, g.occurrence, g.status, g.operation_id, g.finished_at
+      FROM gone g
+     WHERE g.status IN ('delivered', 'dead')
+       AND EXISTS (SELECT 1 FROM pgwork.reminder r WHERE r.id = g.reminder_id)
+        ON CONFLICT DO NOTHING
+    RETURNING 1
 ), ledger AS (
     DELETE FROM pgwork.attempt a USING gone g WHERE a.work_id = g.id RETURNING 1
 )
 SELECT (SELECT count(*) FROM victims) AS scanned,
        (SELECT count(*) FROM gone) AS deleted,
        (SELECT count(*) FROM ledger) AS ledger_deleted,
+       (SELECT count(*) FROM tombstones) AS retired,
        l.finished_at AS last_at, l.id AS last_id
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (SELECT finished_at, id FROM victims ORDER BY finished_at DESC, id DESC LIMIT 1) l ON true
@@ -400,11 +478,15 @@ SELECT r.last_pass_at, r.last_deleted, r.total_deleted, c.retention_paused AS pa
   FROM pgwork.retention_state r, pgwork.config c
 
 -- name: retention_backlog
--- Terminal rows already past their keep (what the next passes will delete).
+-- Terminal rows already past their keep (what the next passes will delete), counted up to
+-- %(limit)s: a status check must not scan a large backlog.
 SELECT count(*) AS n
-  FROM pgwork.renewal_work
- WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded')
-   AND finished_at < CASE WHEN status = 'dead' THEN %(dead_before)s::timestamptz ELSE %(done_before)s::timestamptz END
+  FROM (SELECT 1
+          FROM pgwork.renewal_work
+         WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded')
+           AND finished_at < greatest(%(done_before)s::timestamptz, %(dead_before)s::timestamptz)
+           AND finished_at < CASE WHEN status = 'dead' THEN %(dead_before)s::timestamptz ELSE %(done_before)s::timestamptz END
+         LIMIT %(limit)s) AS b
 
 -- name: db_now
 SELECT now() AS now

@@ -1,0 +1,56 @@
+"""The database's clock, read from this process: every stored time and every lateness figure is
+by the database's clock, whatever the host's clock says."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from .db import fetch_one
+
+log = logging.getLogger("pgwork.clock")
+
+#: A host clock further than this from the database's is reported at start, seconds.
+SKEW_WARNING = 1.0
+
+
+class Clock:
+    """Maps this process's monotonic clock to the database's wall clock. ``sync`` reads
+    ``now()`` (at the middle of the round trip); until the first sync the host clock stands in."""
+
+    def __init__(self) -> None:
+        self._mono = time.monotonic()
+        self._db = datetime.now(UTC)
+        #: Database clock minus host clock, seconds (positive: the host is behind).
+        self.skew = 0.0
+
+    def db_time(self, mono: float) -> datetime:
+        """The database-clock instant at monotonic time ``mono``."""
+        return self._db + timedelta(seconds=mono - self._mono)
+
+    def now(self) -> datetime:
+        return self.db_time(time.monotonic())
+
+    async def sync(self, conn: AsyncConnection[Any]) -> float:
+        """Read the database's clock; returns the skew (database minus host), seconds."""
+        t0 = time.monotonic()
+        db_now = (await fetch_one(conn, "db_now"))["now"]
+        t1 = time.monotonic()
+        host_now = datetime.now(UTC) - timedelta(seconds=(t1 - t0) / 2)
+        self._mono, self._db = (t0 + t1) / 2, db_now
+        self.skew = (db_now - host_now).total_seconds()
+        return self.skew
+
+    def warn_if_skewed(self) -> None:
+        if abs(self.skew) > SKEW_WARNING:
+            log.warning(
+                "this host's clock is %.1fs %s the database's; pgwork times everything by the "
+                "database's clock, but check NTP on this host",
+                abs(self.skew),
+                "behind" if self.skew > 0 else "ahead of",
+                extra={"skew_s": round(self.skew, 3)},
+            )

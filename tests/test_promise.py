@@ -1,0 +1,344 @@
+"""The exactly-once promise where time and size grow: retention between occurrences, reschedules
+after retention, outcomes that cannot be stored, stale leases, lost commit replies."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from pgwork import db
+from pgwork.config import RetentionPolicy
+from pgwork.metrics import Metrics
+from pgwork.outcomes import OutcomeWriter, Record
+from pgwork.retention import Retention
+
+from .helpers import add, config, materialise, rows, running, until, webhook_channel, work
+from .receiver import Receiver
+
+pytestmark = pytest.mark.anyio
+
+
+async def _claim(dsn: str, *, lease: float = 30.0, max_attempts: int = 5) -> list[dict[str, Any]]:
+    async with await db.connect(dsn) as c:
+        return await db.fetch_all(
+            c,
+            "claim_work",
+            {
+                "channel": "test",
+                "limit": 100,
+                "max_attempts": max_attempts,
+                "lease": timedelta(seconds=lease),
+                "daemon_id": "d",
+            },
+        )
+
+
+def _outcome(work_id: int, lease: int, status: str, outcome: str | None = None) -> dict[str, Any]:
+    return {
+        "work_id": work_id,
+        "lease": lease,
+        "attempt": lease,
+        "outcome": outcome or status,
+        "status": status,
+        "retry_after": 0.5 if status == "ready" else None,
+        "started_ago": 0.2,
+        "finished_ago": 0.1,
+    }
+
+
+async def _record(dsn: str, outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async with await db.connect(dsn) as c:
+        return await db.fetch_all(
+            c,
+            "record_outcomes",
+            {"outcomes": json.dumps(outcomes), "daemon_id": "d", "host": "h", "pid": 1},
+        )
+
+
+async def _deliver_all(dsn: str) -> None:
+    """Claim every claimable row and record it delivered (a worker that always succeeds)."""
+    claimed = await _claim(dsn)
+    await _record(dsn, [_outcome(r["id"], r["lease"], "delivered") for r in claimed])
+
+
+async def _retire_everything(dsn: str) -> int:
+    r = Retention(RetentionPolicy(keep=0, dead_keep=0, pause=0))
+    async with await db.connect(dsn) as c:
+        await r.configure(c)
+        return (await r.run_once(c)).deleted
+
+
+# -- second sends ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_retention_between_occurrences_never_resends(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 8, items 1 and 16: three occurrences a second apart, retention at zero keep between
+    each, then a full rescan and a deadline moved away and back. The receiver sees one request per
+    occurrence."""
+    with Receiver() as receiver:
+        cfg = config(
+            webhook_channel(receiver.url),
+            tick=0.1,
+            retention_interval=0.1,
+            retention=RetentionPolicy(keep=0, dead_keep=0, pause=0),
+        )
+        async with running(cfg, dsn):
+            await add(
+                conn,
+                "lease:42",
+                "date_trunc('second', now()) + interval '3 seconds'",
+                channel="hook",
+                before="{2 seconds, 1 second, 0}",
+            )
+            await anyio.to_thread.run_sync(receiver.wait_for, 3)
+            # Every delivered row is retired as soon as retention sees it.
+            await until(lambda: _no_work(conn), what="retention to delete every work row")
+            # A full rescan: the app rewrites the schedule (same entries), which resets progress.
+            await conn.execute(
+                "UPDATE pgwork.reminder SET remind_before = '{0, 1 second, 2 seconds}'"
+            )
+            # And moves the deadline away and back.
+            await conn.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '1 day'")
+            await conn.execute("UPDATE pgwork.reminder SET due_at = due_at - interval '1 day'")
+            await anyio.sleep(1.5)  # many materialiser and retention passes
+    assert sorted(receiver.keys().values()) == [1, 1, 1]
+    status = await rows(
+        conn, "SELECT status, retired FROM pgwork.reminder_status ORDER BY remind_before"
+    )
+    assert [(s["status"], s["retired"]) for s in status] == [("delivered", True)] * 3
+
+
+async def _no_work(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return not await work(conn)
+
+
+async def test_reschedule_after_retention_does_not_recreate_a_sent_occurrence(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 8, items 14 and 16."""
+    rid = await add(conn, "k", "now() - interval '1 minute'")
+    await materialise(dsn)
+    await _deliver_all(dsn)
+    assert await _retire_everything(dsn) == 1
+    (st,) = await rows(conn, "SELECT status, retired, operation_id FROM pgwork.reminder_status")
+    assert (st["status"], st["retired"]) == ("delivered", True)  # never "scheduled" again
+
+    # A new entry for the same deadline: only the new occurrence is made.
+    await conn.execute(
+        "UPDATE pgwork.reminder SET remind_before = '{0, 1 second}' WHERE id = %s", (rid,)
+    )
+    await materialise(dsn)
+    assert [w["occurrence"] for w in await work(conn)] == [timedelta(seconds=1)]
+    await _deliver_all(dsn)
+
+    # The deadline moves away and comes back: nothing already sent for it is made again.
+    await conn.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '2 days'")
+    await materialise(dsn)
+    await conn.execute("UPDATE pgwork.reminder SET due_at = due_at - interval '2 days'")
+    await materialise(dsn)
+    assert await _claim(dsn) == []
+    made = [(w["occurrence"], w["status"]) for w in await work(conn)]
+    assert made == [(timedelta(seconds=1), "delivered")]
+
+
+async def test_deleting_a_reminder_removes_its_tombstones(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await add(conn, "k", "now() - interval '1 minute'")
+    await materialise(dsn)
+    await _deliver_all(dsn)
+    await _retire_everything(dsn)
+    assert len(await rows(conn, "SELECT * FROM pgwork.retired")) == 1
+    await conn.execute("DELETE FROM pgwork.reminder")
+    assert await rows(conn, "SELECT * FROM pgwork.retired") == []
+
+
+# -- outcomes ----------------------------------------------------------------------------------
+
+
+async def _writer_run(dsn: str, records: list[Record]) -> set[tuple[int, int]]:
+    """Submit ``records`` to a real outcome writer; returns the fenced (work id, lease)."""
+    fenced: set[tuple[int, int]] = set()
+    written: list[Record] = []
+
+    def on_written(rs: list[Record], f: set[tuple[int, int]]) -> None:
+        written.extend(rs)
+        fenced.update(f)
+
+    pool = db.make_pool(dsn, 2, 5.0)
+    await pool.open(wait=True)
+    try:
+        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1), on_written=on_written)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer.run)
+                for r in records:
+                    writer.submit(r)
+                await writer.drain()
+                tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+    assert len(written) == len(records)
+    return fenced
+
+
+def _rec(row: dict[str, Any], status: str, **kw: Any) -> Record:
+    now = time.monotonic()
+    outcome = {"delivered": "delivered", "ready": "retry", "dead": "failed"}[status]
+    base: dict[str, Any] = {
+        "work_id": row["id"],
+        "lease": row["lease"],
+        "attempt": row["attempts"],
+        "channel": "test",
+        "outcome": outcome,
+        "status": status,
+        "retry_after": 0.5 if status == "ready" else None,
+        "started": now - 0.01,
+        "finished": now,
+    }
+    return Record(**{**base, **kw})
+
+
+async def test_unstorable_outcomes_are_cleaned_and_cannot_block_a_flush(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 8, item 2: NUL characters, receipts that are not JSON, NaN/inf/negative delays."""
+    for i in range(6):
+        await add(conn, f"k{i}")
+    await materialise(dsn)
+    claimed = sorted(await _claim(dsn), key=lambda r: r["business_key"])
+
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque\x00object"
+
+    records = [
+        _rec(claimed[0], "delivered", receipt={"body": "nul\x00here", "n": math.nan}),
+        _rec(claimed[1], "ready", error="receiver said \x00\x00 oops" * 500),
+        _rec(claimed[2], "delivered", receipt=Opaque(), error_class="Err\x00"),
+        _rec(claimed[3], "ready", retry_after=math.nan),
+        _rec(claimed[4], "ready", retry_after=-5.0),
+        _rec(claimed[5], "ready", retry_after=math.inf),
+    ]
+    assert await _writer_run(dsn, records) == set()
+    ws = {w["business_key"]: w for w in await work(conn)}
+    assert [ws[f"k{i}"]["status"] for i in range(6)] == ["delivered", "ready"] + [
+        "delivered",
+        "ready",
+        "ready",
+        "ready",
+    ]
+    ledger = await rows(
+        conn,
+        "SELECT a.* FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
+        "ORDER BY w.business_key",
+    )
+    assert ledger[0]["receipt"] == {"body": "nulhere", "n": None}
+    assert "\x00" not in ledger[1]["error"] and len(ledger[1]["error"]) <= 2000
+    assert ledger[2]["receipt"] == "opaqueobject" and ledger[2]["error_class"] == "Err"
+    # Bad delays: retried now (NaN, negative), or after the longest delay stored (inf).
+    assert ws["k5"]["available_at"] - ws["k3"]["available_at"] > timedelta(days=6)
+
+
+async def test_a_batch_the_database_refuses_is_split_so_one_record_cannot_hold_the_others(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 8, item 2: if a record still reaches the database unstorable, the batch is split and
+    the bad record is stored without its details; the others are written as they are."""
+    for i in range(5):
+        await add(conn, f"k{i}")
+    await materialise(dsn)
+    claimed = sorted(await _claim(dsn), key=lambda r: r["business_key"])
+    pool = db.make_pool(dsn, 2, 5.0)
+    await pool.open(wait=True)
+    try:
+        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1))
+        # Written directly, past the cleaning that submit() does: a NUL in a jsonb receipt.
+        bad = _rec(claimed[2], "delivered", receipt={"x": "\x00"})
+        good = [_rec(r, "delivered", receipt={"ok": True}) for r in claimed if r is not claimed[2]]
+        with anyio.fail_after(10):
+            assert await writer._write_split([*good[:2], bad, *good[2:]]) == set()
+    finally:
+        await pool.close()
+    assert {w["status"] for w in await work(conn)} == {"delivered"}
+    receipts = {
+        r["work_id"]: r["receipt"] for r in await rows(conn, "SELECT * FROM pgwork.attempt")
+    }
+    assert receipts[claimed[2]["id"]] is None
+    assert all(receipts[r["id"]] == {"ok": True} for r in claimed if r is not claimed[2])
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+async def test_two_leases_of_one_row_in_one_batch(
+    dsn: str, conn: psycopg.AsyncConnection[Any], stale_first: bool
+) -> None:
+    """Issue 8, item 3: lease 1's late 'failed' must not beat lease 2's 'retry', in either order."""
+    await add(conn, "k")
+    await materialise(dsn)
+    (first,) = await _claim(dsn, lease=0.1)
+    await anyio.sleep(0.2)
+    (second,) = await _claim(dsn)
+    assert (first["lease"], second["lease"]) == (1, 2)
+    batch = [_rec(first, "dead"), _rec(second, "ready")]
+    fenced = await _writer_run(dsn, batch if stale_first else batch[::-1])
+    assert fenced == {(first["id"], 1)}
+    (w,) = await work(conn)
+    assert (w["status"], w["lease"]) == ("ready", 2)
+    ledger = await rows(conn, "SELECT lease, outcome FROM pgwork.attempt ORDER BY lease")
+    assert [(x["lease"], x["outcome"]) for x in ledger] == [(1, "fenced"), (2, "retry")]
+
+
+async def test_a_retried_write_whose_commit_reply_was_lost_is_not_fenced(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 8, item 4: the same (work id, lease, outcome) written twice is recognised."""
+    await add(conn, "k")
+    await materialise(dsn)
+    (row,) = await _claim(dsn)
+    rec = [_outcome(row["id"], row["lease"], "delivered")]
+    assert await _record(dsn, rec) == []
+    again = await _record(dsn, rec)  # the retry after a lost reply
+    assert [(r["fenced_id"], r["already"]) for r in again] == [(row["id"], True)]
+    # And through the writer: nothing reported as fenced.
+    assert await _writer_run(dsn, [_rec(row, "delivered")]) == set()
+    ledger = await rows(conn, "SELECT outcome FROM pgwork.attempt")
+    assert [x["outcome"] for x in ledger] == ["delivered"]
+
+
+async def test_stored_times_come_from_the_database_clock(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 8, item 12: the daemon sends ages, the statement stamps now()."""
+    await add(conn, "k")
+    await materialise(dsn)
+    (row,) = await _claim(dsn)
+    await _record(
+        dsn,
+        [
+            {
+                **_outcome(row["id"], row["lease"], "delivered"),
+                "started_ago": 31.0,
+                "finished_ago": 30.0,
+            }
+        ],
+    )
+    (a,) = await rows(
+        conn,
+        "SELECT extract(epoch FROM now() - finished_at) AS age, "
+        "extract(epoch FROM finished_at - started_at) AS took FROM pgwork.attempt",
+    )
+    assert 29 < float(a["age"]) < 40 and 0.99 < float(a["took"]) < 1.01
+    (w,) = await rows(
+        conn, "SELECT extract(epoch FROM now() - finished_at) AS age FROM pgwork.renewal_work"
+    )
+    assert float(w["age"]) < 10
