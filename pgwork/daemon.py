@@ -225,6 +225,7 @@ class Daemon:
             self.materialiser_waker,
             lambda: [w.waker for w in workers.values()],
             connect_timeout=cfg.connect_timeout,
+            revival=self.revival,
         )
 
         def wake_workers() -> None:

@@ -13,7 +13,7 @@ from psycopg import AsyncConnection
 from . import db
 from .metrics import Metrics
 from .queries import Q
-from .supervise import Backoff
+from .supervise import Backoff, Revival
 from .waker import Waker
 
 log = logging.getLogger("pgwork.listener")
@@ -31,6 +31,7 @@ class Listener:
         *,
         ping_interval: float = 10.0,
         connect_timeout: float = 5.0,
+        revival: Revival | None = None,
     ) -> None:
         self.dsn = dsn
         self.metrics = metrics
@@ -38,6 +39,10 @@ class Listener:
         self.workers = workers
         self.ping_interval = ping_interval
         self.connect_timeout = connect_timeout
+        self.revival = revival or Revival()
+        #: Cuts a reconnect backoff short when the database answers again.
+        self._retry = Waker()
+        self._backoff_state = Backoff()
         self.up = False
 
     def _set_up(self, up: bool) -> None:
@@ -50,7 +55,7 @@ class Listener:
             w.wake(cause)
 
     async def run(self) -> None:
-        backoff = Backoff()
+        backoff = self._backoff_state = Backoff()
         self._set_up(False)
         while True:
             try:
@@ -70,8 +75,9 @@ class Listener:
                     db.redact(str(e)),
                     extra={"duty": "listener", "error_class": type(e).__name__},
                 )
-                await anyio.sleep(delay)
+                await self._backoff(delay)
                 continue
+            delay = 0.0
             try:
                 await self._listen(conn)
             except Exception as e:
@@ -87,9 +93,17 @@ class Listener:
                 self._set_up(False)
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                     await conn.close()
-            await anyio.sleep(backoff.next() if backoff.failures else 0)
+            await self._backoff(delay)  # the delay just logged
             if backoff.failures:
                 self.metrics.duty_restarts.labels("listener").inc()
+
+    async def _backoff(self, delay: float) -> None:
+        """Sleep ``delay`` seconds, or less if the database answers again meanwhile."""
+        self.revival.failed(self._retry)
+        try:
+            await self._retry.sleep(delay)
+        finally:
+            self.revival.recovered(self._retry)
 
     async def _listen(self, conn: AsyncConnection[Any]) -> None:
         if (await db.fetch_one(conn, "is_standby"))["standby"]:
@@ -98,6 +112,7 @@ class Listener:
             )
         await conn.execute(Q["listen"])
         self._set_up(True)
+        self._backoff_state.reset()  # listening again: the next loss starts from a short delay
         log.info("listening", extra={"duty": "listener", "channels": list(CHANNELS)})
         # Notifications sent while we were away are lost: look at everything once.
         self._wake_all("reconnect")
