@@ -41,6 +41,7 @@ ORDER = [
     "retention",
     "app_insert",
     "scale",
+    "gauges",
     "memory",
 ]
 
@@ -54,6 +55,7 @@ TARGETS = [
     ("retention", "longest_batch_during_burndown_ms", "<=", 500.0),
     ("scale", "burndown_ratio", ">=", 0.85),
     ("scale", "latency_p50_ratio", ">=", 0.85),
+    ("gauges", "refresh_ratio", ">=", 0.85),
     ("app_insert", "ratio", ">=", 0.80),
     ("memory", "peak_rss_mb", "<=", 150.0),
     ("memory", "rss_growth_pct", "<=", 5.0),
@@ -189,7 +191,19 @@ async def run(
     )
     results: list[dict[str, Any]] = []
     scale_tpl = None
+    gauge_tpls: tuple[str, str] | None = None
     try:
+        if "gauges" in only:
+            t0 = time.monotonic()
+            gauge_tpls = (
+                await w.build_gauges_template(ctx, 0),
+                await w.build_gauges_template(ctx, sizes.gauges_retained),
+            )
+            print(
+                f"  (gauge databases: {w.GAUGES_LIVE} live and {w.GAUGES_DEAD} dead rows, with 0 "
+                f"and {sizes.gauges_retained} delivered rows, built in {time.monotonic() - t0:.0f}s)",
+                flush=True,
+            )
         if "scale" in only:
             t0 = time.monotonic()
             scale_tpl = await w.build_scale_template(ctx)
@@ -208,6 +222,9 @@ async def run(
                 if name == "scale":
                     assert scale_tpl is not None
                     fig = await w.w_scale(ctx, scale_tpl)
+                elif name == "gauges":
+                    assert gauge_tpls is not None
+                    fig = await w.w_gauges(ctx, *gauge_tpls)
                 else:
                     fig = await getattr(w, f"w_{name}")(ctx)
                 if name == "latency":
@@ -227,7 +244,7 @@ async def run(
                 "  memory       " + "  ".join(f"{k}={_fmt(v)}" for k, v in fig.items()), flush=True
             )
     finally:
-        for tpl in (template, scale_tpl):
+        for tpl in (template, scale_tpl, *(gauge_tpls or ())):
             if tpl:
                 ctx.drop(tpl)
 

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgwork import db, materialiser
+from pgwork import db, gauges, materialiser
 from pgwork.channels import Delivered, Delivery, WebhookChannel
 from pgwork.config import ChannelConfig, Config, RetentionPolicy, RetryPolicy
 from pgwork.daemon import Daemon
@@ -45,6 +45,7 @@ class Sizes:
     scale_terminal: int = 1_000_000
     app_insert: int = 100_000
     memory_seconds: float = 1200.0
+    gauges_retained: int = 10_000_000
 
 
 FULL = Sizes()
@@ -61,6 +62,7 @@ QUICK = Sizes(
     scale_terminal=200_000,
     app_insert=50_000,
     memory_seconds=120,
+    gauges_retained=1_000_000,
 )
 SMOKE = Sizes(
     burndown=2_000,
@@ -75,6 +77,7 @@ SMOKE = Sizes(
     scale_terminal=2_000,
     app_insert=2_000,
     memory_seconds=3,
+    gauges_retained=20_000,
 )
 
 #: The daemon's settings for throughput workloads (no-op Python channel).
@@ -536,6 +539,75 @@ async def w_scale(ctx: Ctx, scale_template: str) -> dict[str, float]:
     if "lat_p50_ms" in ctx.round_figures:
         out["latency_p50_ratio"] = ctx.round_figures["lat_p50_ms"] / lat["lat_p50_ms"]
     return out
+
+
+# -- 7b. gauges ----------------------------------------------------------------------------
+
+#: Live and dead rows present in both gauge databases: what the gauges should cost.
+GAUGES_LIVE = 2_000
+GAUGES_DEAD = 500
+
+SEED_GAUGES = """
+INSERT INTO pgwork.renewal_work (reminder_id, source, business_key, deadline, occurrence, due_at,
+    channel, operation_id, status, available_at, attempts, lease, claimed_at, claimed_by,
+    finished_at, dead_reason)
+SELECT -g, 'g', 'k' || g, now() - interval '40 days', '0', now() - interval '1 hour', 'noop',
+       md5('g' || g)::uuid, s.status, now() + interval '1 hour', 1, 1, now(), 'd',
+       CASE WHEN s.status IN ('ready', 'claimed') THEN NULL
+            ELSE now() - interval '40 days' + g * interval '1 millisecond' END,
+       CASE WHEN s.status = 'dead' THEN 'seeded' END
+  FROM generate_series(%(start)s::int, %(end)s::int) g,
+       LATERAL (SELECT CASE WHEN g <= %(live)s THEN (CASE WHEN g %% 2 = 0 THEN 'ready' ELSE 'claimed' END)
+                            WHEN g <= %(live)s + %(dead)s THEN 'dead'
+                            ELSE 'delivered' END AS status) s
+"""
+
+
+async def build_gauges_template(ctx: Ctx, retained: int) -> str:
+    """A database with the same live and dead rows, plus ``retained`` delivered rows."""
+    name, dsn = ctx.fresh()
+    async with await db.connect(dsn) as c:
+        await c.execute("SET statement_timeout = 0")
+        total = GAUGES_LIVE + GAUGES_DEAD + retained
+        for start in range(1, total + 1, 1_000_000):
+            end = min(total, start + 1_000_000 - 1)
+            await c.execute(
+                SEED_GAUGES,
+                {"start": start, "end": end, "live": GAUGES_LIVE, "dead": GAUGES_DEAD},
+            )
+        await c.execute("VACUUM (ANALYZE) pgwork.renewal_work")
+    return name
+
+
+async def w_gauges(ctx: Ctx, empty_tpl: str, retained_tpl: str) -> dict[str, float]:
+    """The daemon's gauge refresh (pgwork.gauges.read) on a database holding ``gauges_retained``
+    delivered rows against one holding none, same live and dead rows, readings interleaved."""
+    took: dict[str, list[float]] = {"empty": [], "retained": []}
+    dsns = {
+        "empty": psycopg.conninfo.make_conninfo(ctx.admin_dsn, dbname=empty_tpl),
+        "retained": psycopg.conninfo.make_conninfo(ctx.admin_dsn, dbname=retained_tpl),
+    }
+    conns = {k: await db.connect(v) for k, v in dsns.items()}
+    try:
+        for _ in range(3):  # warm both caches
+            for c in conns.values():
+                await gauges.read(c)
+        for _ in range(40):
+            for k, c in conns.items():
+                took[k].append((await gauges.read(c)).took)
+        for k, c in conns.items():
+            r = await gauges.read(c)
+            assert r.dead_letters == GAUGES_DEAD, (k, r.states)
+    finally:
+        for c in conns.values():
+            await c.close()
+    empty = statistics.median(took["empty"])
+    retained = statistics.median(took["retained"])
+    return {
+        "refresh_empty_ms": empty * 1000,
+        "refresh_retained_ms": retained * 1000,
+        "refresh_ratio": empty / retained,
+    }
 
 
 # -- 8. app insert cost --------------------------------------------------------------------

@@ -224,8 +224,16 @@ def _check(option: str, value: Any) -> None:
             raise ConfigError(f"{option}: must be between {lo:g} and {hi:g} (got {value!r})")
 
 
-def _channel(name: str, raw: Any, env: Mapping[str, str]) -> ChannelConfig:
+def _channel(
+    name: str, raw: Any, env: Mapping[str, str], sources: Mapping[str, str] | None = None
+) -> ChannelConfig:
+    """``sources`` maps an option to the environment variable that set it (for errors)."""
     where = f"channels.{name}"
+    sources = sources or {}
+
+    def label(key: str) -> str:
+        return f"{where}.{key}" + (f" (from {sources[key]})" if key in sources else "")
+
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a table")
     unknown = set(raw) - _CHANNEL_KEYS
@@ -244,11 +252,9 @@ def _channel(name: str, raw: Any, env: Mapping[str, str]) -> ChannelConfig:
     def num(key: str, kind_: str, default: Any, lo: float, hi: float) -> Any:
         if key not in raw:
             return default
-        v = _convert(f"{where}.{key}", kind_, raw[key])
+        v = _convert(label(key), kind_, raw[key])
         if not lo <= v <= hi:
-            raise ConfigError(
-                f"{where}.{key}: must be between {lo:g} and {hi:g} (got {raw[key]!r})"
-            )
+            raise ConfigError(f"{label(key)}: must be between {lo:g} and {hi:g} (got {raw[key]!r})")
         return v
 
     retry = RetryPolicy(
@@ -300,10 +306,12 @@ def _channel(name: str, raw: Any, env: Mapping[str, str]) -> ChannelConfig:
     )
 
 
-def _channel_env_overrides(chans: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+def _channel_env_overrides(
+    chans: dict[str, Any], env: Mapping[str, str], sources: dict[str, dict[str, str]]
+) -> dict[str, Any]:
     """``chans`` with ``PGWORK_CHANNELS_<NAME>_<OPTION>`` applied (NAME upper-cased, - as _; a
-    name the file does not have adds a channel). Headers are set in the file (their values may
-    name an environment variable with ``env:``)."""
+    name the file does not have adds a channel); ``sources`` learns which variable set what.
+    Headers are set in the file (their values may name an environment variable with ``env:``)."""
     out = {n: dict(t) if isinstance(t, dict) else t for n, t in chans.items()}
     by_env_name = {n.upper().replace("-", "_"): n for n in out}
     keys = sorted(_CHANNEL_KEYS - {"headers"}, key=len, reverse=True)
@@ -325,6 +333,7 @@ def _channel_env_overrides(chans: dict[str, Any], env: Mapping[str, str]) -> dic
         table = out.setdefault(name, {})
         if isinstance(table, dict):
             table[key] = env[var]
+            sources.setdefault(name, {})[key] = var
     return out
 
 
@@ -389,9 +398,12 @@ def load(
     chans = raw.get("channels", {})
     if "channels" in raw and (not isinstance(chans, dict) or not chans):
         raise ConfigError("channels: expected at least one [channels.NAME] table")
-    chans = _channel_env_overrides(chans, env)
+    sources: dict[str, dict[str, str]] = {}
+    chans = _channel_env_overrides(chans, env, sources)
     if chans:
-        kwargs["channels"] = {name: _channel(name, t, env) for name, t in chans.items()}
+        kwargs["channels"] = {
+            name: _channel(name, t, env, sources.get(name)) for name, t in chans.items()
+        }
     cfg = Config(**kwargs)
     if cfg.claim_batch < 1:
         raise ConfigError("worker.claim_batch: must be at least 1")

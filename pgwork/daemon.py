@@ -13,7 +13,6 @@ import os
 import secrets
 import signal
 import socket
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -25,7 +24,7 @@ from prometheus_client import start_http_server
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, db, materialiser
+from . import __version__, db, gauges, materialiser
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config, ConfigError
@@ -396,32 +395,13 @@ class Daemon:
         """Database-derived gauges, refreshed here so that a scrape never runs a query. Every
         query reads an index bounded by live rows, dead letters or the catalog, never the rows
         retention keeps (bench/ measures this against a 10M-row table)."""
-        t0 = time.monotonic()
         async with pool.connection() as conn:
-            lag = await db.fetch_one(conn, "lag")
-            states = await db.fetch_all(conn, "work_states")
-            tables = await db.fetch_all(conn, "table_health")
-            xmin = await db.fetch_one(conn, "xmin_horizon")
-            ret = await db.fetch_one(conn, "retention_state")
-        m = self.metrics
-        m.gauge_refresh.set(time.monotonic() - t0)
-        m.lag.set(lag["lag_seconds"])
-        m.oldest_ready.set(lag["oldest_ready_seconds"])
-        m.work_rows.clear()
-        dead = 0
-        for s in states:
-            m.work_rows.labels(s["channel"], s["status"]).set(s["n"])
-            dead += s["n"] if s["status"] == "dead" else 0
-        m.dead_letters.set(dead)
-        for t in tables:
-            m.dead_tuples.labels(t["table"]).set(t["dead_tuples"])
-        m.xmin_horizon_age.set(xmin["age_seconds"])
-        m.xmin_horizon_xids.set(xmin["age_xids"])
-        m.retention_paused.set(1 if ret["paused"] else 0)
-        m.retention_oldest.set(ret["oldest_terminal_age_seconds"] or 0)
+            reading = await gauges.read(conn)
+        gauges.publish(self.metrics, reading)
         in_flight = sum(w.in_flight for w in self._workers.values())
         self.summary = (
-            f"running: {in_flight} rows held, lag {lag['lag_seconds']:.1f}s, {dead} dead letters, "
+            f"running: {in_flight} rows held, lag {reading.lag['lag_seconds']:.1f}s, "
+            f"{reading.dead_letters} dead letters, "
             f"listener {'up' if listener.up else 'DOWN'}"
         )
         return Next(self.cfg.metrics_interval, "tick")

@@ -75,7 +75,12 @@ def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncC
         kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
         # No check on every checkout (a round trip per pass): a broken connection fails its pass,
         # which is retried, and the pool replaces it.
-        reconnect_timeout=0,  # never give up reconnecting: the daemon outlives outages
+        # 0 means: when replacing a lost connection fails, give up on it at once (psycopg_pool
+        # would otherwise retry in the background on a doubling delay, which after a long outage
+        # leaves the pool short for as long again). The pool grows back on demand: the next
+        # checkout opens a connection, and the revival probe makes every duty check out within
+        # about a second of the database answering (supervise.Revival).
+        reconnect_timeout=0,
         name="pgwork",
     )
 

@@ -119,3 +119,48 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_environment_overrides_reach_channel_options(tmp_path: Path) -> None:
+    """Issue 8, item 15: PGWORK_CHANNELS_<NAME>_<OPTION>, as the README promises."""
+    p = write(
+        tmp_path,
+        '[channels.lease-hooks]\nkind = "webhook"\nurl = "https://example.com/a"\n'
+        "max_attempts = 3\n",
+    )
+    cfg = load(
+        p,
+        env={
+            "PGWORK_CHANNELS_LEASE_HOOKS_MAX_ATTEMPTS": "7",
+            "PGWORK_CHANNELS_LEASE_HOOKS_ATTEMPT_TIMEOUT": "2s",
+            "PGWORK_CHANNELS_LEASE_HOOKS_URL": "https://example.com/b",
+            "PGWORK_CHANNELS_AUDIT_KIND": "log",  # a channel the file does not have
+        },
+    )
+    hooks = cfg.channels["lease-hooks"]
+    assert (hooks.retry.max_attempts, hooks.attempt_timeout, hooks.url) == (
+        7,
+        2.0,
+        "https://example.com/b",
+    )
+    assert cfg.channels["audit"].kind == "log"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"PGWORK_CHANNELS_HOOK_COLOUR": "red"},
+            "PGWORK_CHANNELS_HOOK_COLOUR: not a channel option",
+        ),
+        (
+            {"PGWORK_CHANNELS_HOOK_KIND": "log", "PGWORK_CHANNELS_HOOK_ATTEMPT_TIMEOUT": "1ms"},
+            r"channels.hook.attempt_timeout \(from PGWORK_CHANNELS_HOOK_ATTEMPT_TIMEOUT\): must be",
+        ),
+    ],
+)
+def test_wrong_channel_environment_overrides_name_the_variable(
+    env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(None, env=env)

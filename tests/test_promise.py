@@ -338,3 +338,32 @@ async def test_stored_times_come_from_the_database_clock(
         conn, "SELECT extract(epoch FROM now() - finished_at) AS age FROM pgwork.renewal_work"
     )
     assert float(w["age"]) < 10
+
+
+async def test_a_receiver_answering_nul_characters_cannot_stall_the_channel(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 8, item 2, from the receiver's side: an error body with NUL characters is stored
+    cleaned, and the row is retried and delivered."""
+    from .receiver import Answer, Request
+
+    def script(r: Request) -> Answer:
+        if r.n == 1:
+            return Answer(status=500, body=b'{"error": "bad \x00 byte"} \x00\x00')
+        return Answer(status=200, body=b'{"receipt": "ok"}')
+
+    with Receiver(script) as receiver:
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            for i in range(5):
+                await add(conn, f"k{i}", channel="hook")
+            await until(lambda: _all_delivered(conn, 5), what="all delivered after one retry")
+    ledger = await rows(conn, "SELECT outcome, error FROM pgwork.attempt WHERE outcome = 'retry'")
+    assert len(ledger) == 5 and all("\x00" not in (x["error"] or "") for x in ledger)
+    assert any("bad" in (x["error"] or "") for x in ledger)
+
+
+async def _all_delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    got = await rows(
+        conn, "SELECT count(*) AS n FROM pgwork.renewal_work WHERE status = 'delivered'"
+    )
+    return got[0]["n"] == n
