@@ -323,6 +323,8 @@ class Daemon:
             async with anyio.create_task_group() as work:
                 for w in workers.values():
                     w.start_workers(work)
+                if not cfg.metrics_enabled:
+                    self.summary = "running (metrics disabled: lag is in `pgwork status`)"
                 self.ready.set()
                 task_status.started()
                 log.info(

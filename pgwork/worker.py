@@ -143,7 +143,7 @@ class ChannelWorker:
         }
         self._m_duration = metrics.delivery_duration.labels(self.name)
         self._m_lateness = metrics.lateness.labels(self.name)
-        self._m_in_flight = metrics.rows_held.labels(self.name)
+        self._m_held = metrics.rows_held.labels(self.name)
         self._m_active = metrics.deliveries_active.labels(self.name)
         self._m_claimed = metrics.claimed.labels(self.name)
         self._m_duplicates = metrics.duplicates.labels(self.name)
@@ -232,7 +232,7 @@ class ChannelWorker:
             taken += 1
         self.held += taken
         self._m_claimed.inc(taken)
-        self._m_in_flight.set(self.held)
+        self._m_held.set(self.held)
         for _ in range(min(taken, len(self._idle))):
             self._idle.pop().set()
         if self._stopping:
@@ -370,7 +370,7 @@ class ChannelWorker:
                     },
                 )
         self.held -= len(records)
-        self._m_in_flight.set(self.held)
+        self._m_held.set(self.held)
         if self.max_held - self.held >= max(1, min(self.claim_batch, self.max_held) // 2):
             self.waker.wake("slot")
 
