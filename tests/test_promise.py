@@ -366,4 +366,4 @@ async def _all_delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
     got = await rows(
         conn, "SELECT count(*) AS n FROM pgwork.renewal_work WHERE status = 'delivered'"
     )
-    return got[0]["n"] == n
+    return bool(got[0]["n"] == n)
