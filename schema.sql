@@ -300,58 +300,119 @@ $$;
 COMMENT ON FUNCTION pgwork.operation_id(bigint, text, text, timestamptz, interval) IS
     'The stable idempotency key of one occurrence; a function of its identity only.';
 
+CREATE FUNCTION pgwork.jsonb_nesting_within(doc jsonb, max_depth integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    -- Walks containers only, and no deeper than max_depth + 1: cheap for any document.
+    WITH RECURSIVE walk(v, depth) AS (
+        SELECT doc, 1
+        UNION ALL
+        SELECT c.v, w.depth + 1
+          FROM walk w
+         CROSS JOIN LATERAL (
+               SELECT value FROM jsonb_each(CASE WHEN jsonb_typeof(w.v) = 'object' THEN w.v END)
+               UNION ALL
+               SELECT value FROM jsonb_array_elements(CASE WHEN jsonb_typeof(w.v) = 'array' THEN w.v END)
+         ) AS c(v)
+         WHERE w.depth <= max_depth AND jsonb_typeof(c.v) IN ('object', 'array')
+    )
+    SELECT max(depth) <= max_depth FROM walk
+$$;
+COMMENT ON FUNCTION pgwork.jsonb_nesting_within(jsonb, integer) IS
+    'Whether a JSON document nests containers at most max_depth levels deep.';
+
+CREATE TABLE pgwork.time_zone (
+    name text PRIMARY KEY
+);
+COMMENT ON TABLE pgwork.time_zone IS
+    'The IANA zone names a local-time reminder may use: the server''s pg_timezone_names without '
+    'the posix/ and right/ trees, copied by `pgwork migrate` (a lookup here is cheap; the view is not).';
+INSERT INTO pgwork.time_zone
+SELECT name FROM pg_timezone_names
+ WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules')
+    ON CONFLICT DO NOTHING;
+
 CREATE FUNCTION pgwork.reminder_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     what text;
+    bad  interval;
+    size integer;
 BEGIN
     what := format('reminder (%s, %s)', NEW.source, NEW.business_key);
     IF TG_OP = 'UPDATE' AND (NEW.source IS DISTINCT FROM OLD.source OR NEW.business_key IS DISTINCT FROM OLD.business_key) THEN
         RAISE EXCEPTION 'pgwork: source and business_key identify a reminder and cannot change'
-            USING ERRCODE = 'check_violation', HINT = 'Delete the reminder and insert a new one.';
+            USING ERRCODE = 'check_violation', COLUMN = 'business_key',
+                  HINT = 'Delete the reminder and insert a new one.';
     END IF;
 
     -- The deadline: an instant, or a wall-clock time plus an IANA zone.
     IF (NEW.due_local IS NULL) <> (NEW.due_tz IS NULL) THEN
         RAISE EXCEPTION 'pgwork: % gives only one of due_local and due_tz', what
-            USING ERRCODE = 'check_violation', HINT = 'A local deadline needs both the wall-clock time and the IANA zone.';
+            USING ERRCODE = 'check_violation', COLUMN = 'due_tz',
+                  HINT = 'A local deadline needs both the wall-clock time and the IANA zone.';
     END IF;
     IF NEW.due_local IS NOT NULL THEN
         IF TG_OP = 'INSERT' AND NEW.due_at IS NOT NULL THEN
             RAISE EXCEPTION 'pgwork: % gives both due_at and due_local/due_tz', what
-                USING ERRCODE = 'check_violation', HINT = 'Give the deadline either as an instant or as local time plus zone.';
+                USING ERRCODE = 'check_violation', COLUMN = 'due_at',
+                      HINT = 'Give the deadline either as an instant or as local time plus zone.';
         END IF;
         IF TG_OP = 'UPDATE' AND NEW.due_at IS DISTINCT FROM OLD.due_at
            AND NEW.due_local IS NOT DISTINCT FROM OLD.due_local AND NEW.due_tz IS NOT DISTINCT FROM OLD.due_tz THEN
             RAISE EXCEPTION 'pgwork: % has a local-time deadline; due_at is computed from it', what
-                USING ERRCODE = 'check_violation',
+                USING ERRCODE = 'check_violation', COLUMN = 'due_at',
                       HINT = 'Update due_local (and due_tz), or set due_local and due_tz to NULL together with due_at.';
         END IF;
-        IF NEW.due_tz !~ '^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$' OR NEW.due_tz !~ '/|^UTC$' THEN
+        IF NOT EXISTS (SELECT 1 FROM pgwork.time_zone z WHERE z.name = NEW.due_tz) THEN
             RAISE EXCEPTION 'pgwork: % has unknown time zone "%"', what, NEW.due_tz
-                USING ERRCODE = 'invalid_parameter_value', HINT = 'Use an IANA zone name such as Europe/London, or UTC.';
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = 'due_tz',
+                      HINT = 'Use an IANA zone name as the server knows it (pgwork.time_zone), e.g. Europe/London or UTC.';
         END IF;
-        BEGIN
-            NEW.due_at := pgwork.local_to_instant(NEW.due_local, NEW.due_tz);
-        EXCEPTION WHEN invalid_parameter_value THEN
-            RAISE EXCEPTION 'pgwork: % has unknown time zone "%"', what, NEW.due_tz
-                USING ERRCODE = 'invalid_parameter_value', HINT = 'Use an IANA zone name such as Europe/London, or UTC.';
-        END;
+        IF NOT (NEW.due_local > '1970-01-02' AND NEW.due_local < '9998-12-31') THEN
+            RAISE EXCEPTION 'pgwork: % has due_local % outside 1970-01-02 .. 9998-12-31', what, NEW.due_local
+                USING ERRCODE = 'check_violation', COLUMN = 'due_local';
+        END IF;
+        NEW.due_at := pgwork.local_to_instant(NEW.due_local, NEW.due_tz);
     ELSIF NEW.due_at IS NULL THEN
         RAISE EXCEPTION 'pgwork: % has no deadline', what
-            USING ERRCODE = 'not_null_violation', HINT = 'Set due_at, or due_local and due_tz.';
+            USING ERRCODE = 'not_null_violation', COLUMN = 'due_at', HINT = 'Set due_at, or due_local and due_tz.';
+    END IF;
+
+    -- The payload, measured as the JSON text a receiver gets (the CHECK sees the compressed size).
+    size := octet_length(NEW.payload::text);
+    IF size > 65536 THEN
+        RAISE EXCEPTION 'pgwork: % has a payload of % bytes; at most 65536 (64 KiB) as JSON text', what, size
+            USING ERRCODE = 'check_violation', COLUMN = 'payload';
+    END IF;
+    IF size > 128 AND NOT pgwork.jsonb_nesting_within(NEW.payload, 64) THEN
+        RAISE EXCEPTION 'pgwork: % has a payload nested deeper than 64 levels', what
+            USING ERRCODE = 'check_violation', COLUMN = 'payload';
     END IF;
 
     -- (Re)plan: every occurrence of the current schedule is due for materialisation again; ones
-    -- already made for this deadline are kept by ON CONFLICT. Ranges, counts and the payload
-    -- size are CHECK constraints (cheaper than checking here).
+    -- already made for this deadline are kept by ON CONFLICT, ones retention retired by their
+    -- tombstones. Ranges and counts are CHECK constraints (cheaper than checking here).
     IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
         IF NEW.due_local IS NULL AND NEW.remind_before = '{0}' THEN
             NEW.next_fire_at := NULL;  -- the common case: one send, at the deadline (due_at)
         ELSE
+            IF array_ndims(NEW.remind_before) > 1 THEN
+                RAISE EXCEPTION 'pgwork: % has a remind_before that is not a list of intervals', what
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before',
+                          HINT = 'Write e.g. ''{30 days, 7 days, 0}''.';
+            END IF;
+            SELECT x INTO bad FROM unnest(NEW.remind_before) AS x
+             WHERE extract(year FROM x) < 0 OR extract(month FROM x) < 0 OR extract(day FROM x) < 0
+                OR extract(hour FROM x) < 0 OR extract(minute FROM x) < 0 OR extract(second FROM x) < 0
+             LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION 'pgwork: % has remind_before entry "%" with a negative part; it could fire after the deadline', what, bad
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before',
+                          HINT = 'Every part of every entry must be zero or positive, e.g. ''1 mon'' or ''30 days''.';
+            END IF;
             IF cardinality(NEW.remind_before) > 1 AND (SELECT count(DISTINCT x) FROM unnest(NEW.remind_before) AS x) <> cardinality(NEW.remind_before) THEN
                 RAISE EXCEPTION 'pgwork: % lists the same remind_before entry twice', what
-                    USING ERRCODE = 'check_violation';
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before';
             END IF;
             SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
               FROM unnest(NEW.remind_before) AS x;
@@ -364,12 +425,14 @@ BEGIN
 END
 $$;
 
--- The common insert (an instant deadline, one send at it) needs no trigger call at all: its
--- next_fire_at stays NULL, which means due_at. Everything else goes through the function.
+-- The common insert (an instant deadline, one send at it, a small payload) needs no trigger call
+-- at all: its next_fire_at stays NULL, which means due_at. Everything else goes through the
+-- function; a payload of 128 bytes or less can be neither too large nor too deep.
 CREATE TRIGGER reminder_before_insert
     BEFORE INSERT ON pgwork.reminder FOR EACH ROW
     WHEN (NEW.due_at IS NULL OR NEW.due_local IS NOT NULL OR NEW.due_tz IS NOT NULL
-          OR NEW.remind_before IS DISTINCT FROM '{0}'::interval[] OR NEW.next_fire_at IS NOT NULL)
+          OR NEW.remind_before IS DISTINCT FROM '{0}'::interval[] OR NEW.next_fire_at IS NOT NULL
+          OR octet_length(NEW.payload::text) > 128)
     EXECUTE FUNCTION pgwork.reminder_before_write();
 CREATE TRIGGER reminder_before_update
     BEFORE UPDATE OF source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload
@@ -464,10 +527,12 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_app') THEN
         GRANT USAGE ON SCHEMA pgwork TO pgwork_app;
         GRANT SELECT, DELETE ON pgwork.reminder TO pgwork_app;
+        -- UPDATE of source and business_key is granted so that the trigger, not a bare
+        -- "permission denied", tells an app they cannot change.
         GRANT INSERT (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload),
-              UPDATE (due_at, due_local, due_tz, remind_before, channel, recipient, payload)
+              UPDATE (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload)
               ON pgwork.reminder TO pgwork_app;
-        GRANT SELECT ON pgwork.reminder_status, pgwork.channel TO pgwork_app;
+        GRANT SELECT ON pgwork.reminder_status, pgwork.channel, pgwork.time_zone TO pgwork_app;
         GRANT EXECUTE ON FUNCTION pgwork.reminder_notify() TO pgwork_app;
     END IF;
 END

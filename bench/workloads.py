@@ -258,7 +258,7 @@ async def w_webhook(ctx: Ctx) -> dict[str, float]:
             due_at=datetime.now(UTC),
             channel="hook",
             recipient="r",
-            payload={},
+            payload_json="{}",
             attempt=1,
         )
         left = n

@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
@@ -42,24 +43,50 @@ class Delivery:
     due_at: datetime
     channel: str
     recipient: str
-    payload: dict[str, Any]
+    #: The payload as the database stores it (JSON text): numbers exactly as written, never
+    #: round-tripped through floats. Webhooks receive this text as it is.
+    payload_json: str
     #: 1 for the first attempt; counts reclaims after an expired lease too.
     attempt: int
 
+    @cached_property
+    def payload(self) -> dict[str, Any]:
+        """The payload decoded (numbers become ints and floats). :raises PayloadError: when it
+        cannot be decoded."""
+        try:
+            value = json.loads(self.payload_json)
+        except (ValueError, RecursionError) as e:
+            raise PayloadError(f"payload cannot be decoded: {type(e).__name__}") from None
+        if not isinstance(value, dict):
+            raise PayloadError("payload is not a JSON object")
+        return value
+
+    def document_json(self) -> str:
+        """The JSON document a webhook receives, as text; the payload is spliced in as stored."""
+        head = json.dumps(
+            {
+                "operation_id": str(self.operation_id),
+                "source": self.source,
+                "business_key": self.business_key,
+                "deadline": self.deadline.isoformat(),
+                "occurrence_seconds": self.occurrence.total_seconds(),
+                "due_at": self.due_at.isoformat(),
+                "channel": self.channel,
+                "recipient": self.recipient,
+                "attempt": self.attempt,
+            },
+            separators=(",", ":"),
+        )
+        return f'{head[:-1]},"payload":{self.payload_json}}}'
+
     def document(self) -> dict[str, Any]:
-        """The JSON document a webhook receives."""
-        return {
-            "operation_id": str(self.operation_id),
-            "source": self.source,
-            "business_key": self.business_key,
-            "deadline": self.deadline.isoformat(),
-            "occurrence_seconds": self.occurrence.total_seconds(),
-            "due_at": self.due_at.isoformat(),
-            "channel": self.channel,
-            "recipient": self.recipient,
-            "payload": self.payload,
-            "attempt": self.attempt,
-        }
+        """The webhook document decoded (for logs and tests)."""
+        doc: dict[str, Any] = json.loads(self.document_json())
+        return doc
+
+
+class PayloadError(Exception):
+    """A stored payload that cannot be decoded (a python channel's delivery fails for good)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +182,10 @@ class PythonChannel:
         return cls(config, fn)
 
     async def deliver(self, d: Delivery) -> Outcome:
+        try:
+            d.payload  # noqa: B018 (decoded once, here: a payload that cannot be is a permanent failure)
+        except PayloadError as e:
+            return Failed(error=str(e), error_class="PayloadError")
         result = await self.fn(d)
         if result is None:
             return Delivered()
@@ -217,7 +248,7 @@ class WebhookChannel:
         self._next = 0
 
     async def deliver(self, d: Delivery) -> Outcome:
-        body = json.dumps(d.document(), separators=(",", ":")).encode()
+        body = d.document_json().encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": str(d.operation_id)}
         self._next = (self._next + 1) % len(self.clients)
         client = self.clients[self._next]

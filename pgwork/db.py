@@ -126,6 +126,7 @@ async def migrate(conn: AsyncConnection[Any]) -> str:
                 f"(version {SCHEMA_VERSION}); refusing to touch it"
             )
         if v == SCHEMA_VERSION:
+            await conn.execute(Q["time_zones_refresh"])
             return f"pgwork schema already at version {v}"
         for step in range(v + 1, SCHEMA_VERSION + 1):
             await conn.execute(migration_sql(step))

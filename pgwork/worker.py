@@ -276,7 +276,7 @@ class ChannelWorker:
             due_at=row["due_at"],
             channel=self.name,
             recipient=row["recipient"],
-            payload=row["payload"],
+            payload_json=row["payload"],
             attempt=row["attempts"],
         )
         t0 = time.monotonic()

@@ -20,6 +20,7 @@ class Request:
     headers: dict[str, str]
     at: float
     n: int  # 1 for the first request with this key
+    raw: bytes = b""  # the body as sent
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Receiver:
                 key = self.headers.get("Idempotency-Key", "")
                 with receiver.lock:
                     n = 1 + sum(1 for r in receiver.requests if r.key == key)
-                    req = Request(key, json.loads(raw), dict(self.headers), time.time(), n)
+                    req = Request(key, json.loads(raw), dict(self.headers), time.time(), n, raw)
                     receiver.requests.append(req)
                     receiver.arrived.notify_all()
                 ans = receiver.script(req)

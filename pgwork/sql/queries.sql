@@ -13,6 +13,14 @@ SELECT version FROM pgwork.schema_version
 -- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
 SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
 
+-- name: time_zones_refresh
+-- The zone names local-time reminders may use, from the server's tz database (every migrate run:
+-- a server upgrade can bring new zones). Names are never removed: reminders may use them.
+INSERT INTO pgwork.time_zone
+SELECT name FROM pg_timezone_names
+ WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules')
+    ON CONFLICT DO NOTHING
+
 -- name: materialise_lock
 -- Opens a page's transaction. Taken before the page statement, so that the page's snapshot is
 -- younger than any retention batch that retired work rows (retention takes the same lock
@@ -167,7 +175,9 @@ WITH candidate AS MATERIALIZED (
                 WHEN r.due_at <> w.deadline OR NOT w.occurrence = ANY (r.remind_before) THEN 'superseded'
                 WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
                 ELSE 'claimed' END AS verdict,
-           r.recipient, r.payload
+           -- The payload as text: nothing in the claim decodes it (one undecodable payload
+           -- cannot fail a batch), and receivers get it exactly as stored.
+           r.recipient, r.payload::text AS payload
       FROM candidate c
       JOIN pgwork.renewal_work w ON w.id = c.id
       LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id

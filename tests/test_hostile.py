@@ -1,0 +1,211 @@
+"""Hostile neighbours (issue 9): rows no app may write, payloads that must arrive exactly as
+stored, and one bad row that must not hurt the others."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg import errors
+
+from . import sink
+from .helpers import add, config, rows, running, until, webhook_channel, work
+from .receiver import Receiver
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
+
+
+async def _refused(
+    conn: psycopg.AsyncConnection[Any], sql: str, exc: type[Exception], *words: str
+) -> psycopg.Error:
+    before = await rows(conn, "SELECT * FROM pgwork.reminder ORDER BY id")
+    with pytest.raises(exc) as info:
+        await conn.execute(sql)  # type: ignore[arg-type]
+    assert await rows(conn, "SELECT * FROM pgwork.reminder ORDER BY id") == before
+    err = info.value
+    assert isinstance(err, psycopg.Error)
+    for w in words:
+        assert w in str(err), (w, str(err))
+    return err
+
+
+# -- items 1 and 2: payload depth and size -----------------------------------------------------
+
+
+async def test_deep_payload_is_refused_at_write_time(conn: psycopg.AsyncConnection[Any]) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    err = await _refused(
+        conn,
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, payload) "
+        f"VALUES ('s', 'k', now(), 'log', 'r', '{{\"a\": {deep}}}')",
+        errors.CheckViolation,
+        "nested deeper than 64 levels",
+    )
+    assert err.diag.column_name == "payload"
+    # 64 levels are fine.
+    ok = "[" * 63 + "]" * 63
+    await add(conn, "ok", payload=f'{{"a": {ok}}}', channel="log")
+
+
+@pytest.mark.parametrize("via", ["insert-select", "update"])
+async def test_payload_size_is_measured_as_json_text(
+    conn: psycopg.AsyncConnection[Any], via: str
+) -> None:
+    # 4 MiB of one repeated character compresses to a few KiB: the old CHECK let it through.
+    big = "jsonb_build_object('x', repeat('a', 4 * 1024 * 1024))"
+    if via == "insert-select":
+        sql = (
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, payload) "
+            f"SELECT 's', 'k', now(), 'log', 'r', {big}"
+        )
+    else:
+        await add(conn, "k", channel="log")
+        sql = f"UPDATE pgwork.reminder SET payload = {big}"
+    err = await _refused(conn, sql, errors.CheckViolation, "at most 65536 (64 KiB)")
+    assert err.diag.column_name == "payload"
+
+
+async def test_an_undecodable_payload_fails_one_row_and_the_batch_proceeds(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A row already stored before the write check (or by a superuser) with a payload Python
+    cannot decode: that row is dead with its reason; the other rows of the batch are delivered."""
+    for i in range(20):
+        await add(conn, f"k{i:02d}")
+    deep = "[" * 3000 + "]" * 3000
+    await conn.execute("ALTER TABLE pgwork.reminder DISABLE TRIGGER reminder_before_update")
+    await conn.execute(
+        f"UPDATE pgwork.reminder SET payload = '{{\"a\": {deep}}}' WHERE business_key = 'k07'"
+    )
+    await conn.execute("ALTER TABLE pgwork.reminder ENABLE TRIGGER reminder_before_update")
+    async with running(config(), dsn):
+        await until(lambda: _settled(conn, 20), what="every row settled")
+    ws = {w["business_key"]: w for w in await work(conn)}
+    assert ws["k07"]["status"] == "dead" and "payload cannot be decoded" in ws["k07"]["dead_reason"]
+    assert all(ws[k]["status"] == "delivered" for k in ws if k != "k07")
+    assert len(sink.DELIVERED) == 19
+
+
+async def _settled(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    got = await rows(
+        conn, "SELECT count(*) AS n FROM pgwork.renewal_work WHERE status IN ('delivered', 'dead')"
+    )
+    return bool(got[0]["n"] == n)
+
+
+# -- item 3: payloads arrive exactly as stored -------------------------------------------------
+
+
+async def test_payload_numbers_reach_the_webhook_exactly(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    payload = (
+        '{"p": 0.1000000000000000055511151231257827, "tiny": 1e-400, '
+        '"big": 123456789012345678901234567890, "f": 1.5}'
+    )
+    (stored,) = await rows(conn, "SELECT %s::jsonb::text AS t", (payload,))
+    with Receiver() as receiver:
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await add(conn, "exact", channel="hook", payload=payload)
+            (req,) = await anyio.to_thread.run_sync(receiver.wait_for, 1)
+    raw = req.raw.decode()
+    sent = raw[raw.index('"payload":') + len('"payload":') : -1]
+    assert sent == stored["t"]
+    assert "0.1000000000000000055511151231257827" in sent
+    assert "123456789012345678901234567890" in sent
+    # Everything else in the document is as before.
+    doc = json.loads(raw)
+    assert doc["business_key"] == "exact" and doc["attempt"] == 1
+
+
+# -- item 4: remind_before entries that would fire after the deadline --------------------------
+
+
+@pytest.mark.parametrize("entry", ["1 mon -30 days", "-1 mon 40 days", "1 day -1 hour"])
+async def test_mixed_sign_remind_before_is_refused(
+    conn: psycopg.AsyncConnection[Any], entry: str
+) -> None:
+    err = await _refused(
+        conn,
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, remind_before) "
+        f"VALUES ('s', 'k', '2027-03-31', 'log', 'r', '{{\"{entry}\", 0}}')",
+        errors.CheckViolation,
+        "negative part",
+        "could fire after the deadline",
+    )
+    assert err.diag.column_name == "remind_before"
+
+
+# -- item 5: time zones ------------------------------------------------------------------------
+
+
+async def test_every_iana_zone_the_server_knows_is_accepted(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+        "SELECT 'tz', name, '2027-06-01 09:00', name, 'log', 'r' FROM pg_timezone_names "
+        "WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules')"
+    )
+    got = await rows(conn, "SELECT due_tz FROM pgwork.reminder WHERE due_tz IN ('GMT', 'Japan')")
+    assert sorted(r["due_tz"] for r in got) == ["GMT", "Japan"]
+
+
+async def test_names_that_are_not_iana_zones_are_refused(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    names = await rows(conn, "SELECT name FROM pgwork.time_zone ORDER BY name")
+    refused = ["EST5EDT,M3.2.0,M11.1.0", "<+03>-3", "UTC+3", "PDT", "localtime", "posixrules"]
+    for n in [r["name"] for r in names[::25]]:
+        refused += [f"posix/{n}", f"right/{n}"]
+        if n.lower() != n:
+            refused.append(n.lower())
+    for tz in refused:
+        await _refused(
+            conn,
+            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+            f"VALUES ('s', 'k', '2027-06-01 09:00', '{tz}', 'log', 'r')",
+            errors.InvalidParameterValue,
+            "unknown time zone",
+        )
+
+
+# -- item 6: every refusal names the column and the rule ---------------------------------------
+
+
+async def test_refusals_an_app_role_can_provoke_name_the_column(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    await conn.execute("CREATE ROLE hostile_app LOGIN IN ROLE pgwork_app")
+    try:
+        await add(conn, "k", channel="log")
+        await conn.execute("SET ROLE hostile_app")
+        err = await _refused(
+            conn,
+            "UPDATE pgwork.reminder SET business_key = 'other'",
+            errors.CheckViolation,
+            "cannot change",
+        )
+        assert err.diag.column_name == "business_key"
+        err = await _refused(
+            conn,
+            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+            "VALUES ('s', 'k2', 'infinity', 'Europe/London', 'log', 'r')",
+            errors.CheckViolation,
+            "due_local",
+        )
+        assert err.diag.column_name == "due_local"
+        err = await _refused(
+            conn,
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, remind_before) "
+            "VALUES ('s', 'k3', now(), 'log', 'r', '{{1 day, 0}, {2 days, 0}}')",
+            errors.CheckViolation,
+            "not a list of intervals",
+        )
+        assert err.diag.column_name == "remind_before"
+    finally:
+        await conn.execute("RESET ROLE")
+        await conn.execute("DROP ROLE hostile_app")
