@@ -14,8 +14,8 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any, Protocol
 from uuid import UUID
 

@@ -23,7 +23,7 @@ async def _refused(
 ) -> psycopg.Error:
     before = await rows(conn, "SELECT * FROM pgwork.reminder ORDER BY id")
     with pytest.raises(exc) as info:
-        await conn.execute(sql)  # type: ignore[arg-type]
+        await conn.execute(sql)
     assert await rows(conn, "SELECT * FROM pgwork.reminder ORDER BY id") == before
     err = info.value
     assert isinstance(err, psycopg.Error)
