@@ -205,11 +205,11 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²".isdigit() is true, and float("²") raises
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
@@ -241,7 +241,8 @@ class WebhookChannel:
                 verify=config.verify_tls,
                 follow_redirects=False,
                 limits=httpx.Limits(max_connections=per, max_keepalive_connections=per),
-                headers={"User-Agent": "pgwork", **config.headers},
+                # Receivers are asked not to compress; a body compressed anyway is not inflated.
+                headers={"User-Agent": "pgwork", "Accept-Encoding": "identity", **config.headers},
             )
             for _ in range(-(-config.concurrency // per))
         ]
@@ -260,6 +261,9 @@ class WebhookChannel:
         except httpx.HTTPError as e:
             return Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
         code = resp.status_code
+        encoding = resp.headers.get("Content-Encoding", "identity").lower()
+        if encoding not in ("", "identity") and data:
+            data = f"({encoding}-encoded body not decoded; {len(data)} bytes read)".encode()
         if 200 <= code < 300:
             return Delivered(receipt=_receipt(data, code), http_status=code)
         if code == 409:
@@ -280,10 +284,13 @@ class WebhookChannel:
         return Failed(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
 
     async def _read_capped(self, resp: httpx.Response) -> bytes:
+        """At most ``max_response_bytes`` of the body as sent (Content-Encoding is not undone)."""
         cap = self.config.max_response_bytes
         chunks: list[bytes] = []
         size = 0
-        async for chunk in resp.aiter_bytes():
+        # Raw bytes, never decoded: a gzip bomb's cap counts what arrives, and nothing is
+        # inflated in memory (the body is only an excerpt for the ledger anyway).
+        async for chunk in resp.aiter_raw():
             room = cap - size
             if room <= 0:
                 break

@@ -3,7 +3,10 @@ stored, and one bad row that must not hurt the others."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import signal
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -11,9 +14,12 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from pgwork.channels import parse_retry_after
+
 from . import sink
 from .helpers import add, config, rows, running, until, webhook_channel, work
-from .receiver import Receiver
+from .receiver import Answer, Receiver, Request
+from .test_process import DaemonProcess, hook, toml
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
@@ -209,3 +215,60 @@ async def test_refusals_an_app_role_can_provoke_name_the_column(
     finally:
         await conn.execute("RESET ROLE")
         await conn.execute("DROP ROLE hostile_app")
+
+
+# -- items 10 and 11: abusive answers ----------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_gzip_bomb_does_not_grow_the_daemon(
+    dsn: str, conn: psycopg.AsyncConnection[Any], tmp_path: Path
+) -> None:
+    bomb = gzip.compress(b"\0" * (256 << 20), 9)  # 256 MiB inflated, ~250 KiB sent
+
+    def script(r: Request) -> Answer:
+        return Answer(status=200, body=bomb, headers={"Content-Encoding": "gzip"})
+
+    with Receiver(script) as receiver:
+        d = DaemonProcess(dsn, tmp_path, toml(channel=hook(receiver.url)), "bomb")
+        try:
+            await anyio.to_thread.run_sync(d.wait_ready)
+            for i in range(4):
+                await add(conn, f"k{i}", channel="hook")
+            await until(lambda: _settled(conn, 4), timeout=30, what="4 deliveries")
+            peak_mb = _peak_rss_mb(d.proc.pid)
+            d.signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(d.wait) == 0
+        finally:
+            d.kill()
+    assert peak_mb < 150, f"daemon peaked at {peak_mb:.0f} MB"
+    (a,) = await rows(conn, "SELECT receipt FROM pgwork.attempt LIMIT 1")
+    assert "gzip-encoded body not decoded" in a["receipt"]["body"]
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_garbage_retry_after_keeps_the_http_status(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    assert parse_retry_after("²") is None and parse_retry_after("Mon, 99 Foo") is None
+
+    def script(r: Request) -> Answer:
+        if r.n == 1:
+            return Answer(status=503, headers={"Retry-After": "²"}, body=b"busy")
+        return Answer()
+
+    with Receiver(script) as receiver:
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await add(conn, "k", channel="hook")
+            await until(lambda: _settled(conn, 1), what="delivered on the second attempt")
+    ledger = await rows(conn, "SELECT outcome, http_status FROM pgwork.attempt ORDER BY lease")
+    assert [(x["outcome"], x["http_status"]) for x in ledger] == [
+        ("retry", 503),
+        ("delivered", 200),
+    ]
