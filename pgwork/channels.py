@@ -22,6 +22,7 @@ from uuid import UUID
 import httpx
 
 from .config import ChannelConfig, ConfigError
+from .logs import personal
 
 log = logging.getLogger("pgwork.channels")
 
@@ -139,9 +140,9 @@ class LogChannel:
         self.log.info(
             "REMINDER %s/%s due %s -> %s",
             d.source,
-            d.business_key,
+            personal(d.business_key),  # log.redact covers the message text too
             d.due_at.isoformat(),
-            d.recipient,
+            personal(d.recipient),
             extra={
                 "operation_id": str(d.operation_id),
                 "source": d.source,

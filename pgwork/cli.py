@@ -18,12 +18,14 @@ from typing import Any, NoReturn
 
 import anyio
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import __version__, db, logs
 from .config import Config, ConfigError, load
 from .durations import parse_duration
 from .embedded import EmbeddedError, LocalServer, wheel_bin_dir
 from .queries import Q
+from .secrets import Secrets
 
 log = logging.getLogger("pgwork.cli")
 
@@ -147,7 +149,13 @@ def cmd_psql(args: argparse.Namespace, cfg: Config) -> int:
                 psql = str(bundled) if bundled.exists() else None
         if psql is None:
             raise CliError("psql is not installed (apt-get install postgresql-client)", 2)
-        return subprocess.call([psql, database.dsn, *args.psql_args])
+        # The password goes to psql through its environment, never its command line (which
+        # any user can read in the process list).
+        params = conninfo_to_dict(database.dsn)
+        password = params.pop("password", None)
+        env = {**os.environ, **({"PGPASSWORD": str(password)} if password else {})}
+        dsn = make_conninfo("", **{k: v for k, v in params.items() if v is not None})
+        return subprocess.call([psql, dsn, *args.psql_args], env=env)
     finally:
         database.close()
 
@@ -559,6 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load(args.config)
         logs.setup(cfg.log_format, cfg.log_level, cfg.log_redact)
+        logs.add_secrets(Secrets.from_config(cfg))
         return COMMANDS[args.cmd](args, cfg)
     except KeyboardInterrupt:
         return 130
@@ -566,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         explained = _explain(_leaf(e))
         if explained is None:
             raise
-        print(f"pgwork: {explained[0]}", file=sys.stderr)
+        print(f"pgwork: {logs.redact(explained[0])}", file=sys.stderr)
         return explained[1]
 
 

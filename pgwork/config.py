@@ -273,6 +273,11 @@ def _channel(
             if var not in env:
                 raise ConfigError(f"{where}.headers.{hk}: environment variable {var} is not set")
             hv = env[var]
+        if any(c in hv for c in "\r\n\x00") or not hv.isascii() or not hv.isprintable():
+            raise ConfigError(
+                f"{where}.headers.{hk}: the value has a line break, a control or a non-ASCII "
+                "character (the value is not shown: it may be a secret)"
+            )
         headers[hk] = hv
     url = raw.get("url")
     target = raw.get("target")
@@ -304,6 +309,26 @@ def _channel(
         attempt_timeout=num("attempt_timeout", "duration", 30.0, 0.01, 86400),
         target=target,
     )
+
+
+def _check_dsn(option: str, dsn: str, env: Mapping[str, str]) -> None:
+    """A DSN that cannot parse is a configuration error, reported without echoing the string
+    (libpq's parse errors quote the token they choke on, often the password)."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError:
+        names = ["PGWORK_" + option.replace(".", "_").upper()]
+        if option == "database.dsn":
+            names.insert(0, "PGWORK_DSN")
+        var = next((n for n in names if env.get(n) == dsn), None)
+        where = f"{option} (from {var})" if var else option
+        raise ConfigError(
+            f"{where}: not a valid libpq URI or conninfo string (the value is not shown: it may "
+            "hold a password; in a URI, percent-encode special characters)"
+        ) from None
 
 
 def _channel_env_overrides(
@@ -384,6 +409,9 @@ def load(
 
     for option, value in values.items():
         _check(option, value)
+    for option in ("database.dsn", "retention.dsn"):
+        if values.get(option):
+            _check_dsn(option, values[option], env)
 
     kwargs = {
         _OPTIONS[o][0]: v for o, v in values.items() if not _OPTIONS[o][0].startswith("retention.")

@@ -24,7 +24,7 @@ from prometheus_client import start_http_server
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, db, gauges, materialiser
+from . import __version__, db, gauges, logs, materialiser
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config, ConfigError
@@ -33,6 +33,7 @@ from .metrics import Metrics
 from .outcomes import OutcomeWriter, Record
 from .queries import Q
 from .retention import Retention
+from .secrets import Secrets
 from .supervise import Backoff, Health, Next, Revival, duty_loop
 from .systemd import Notifier
 from .waker import Waker
@@ -66,6 +67,8 @@ class Daemon:
     revival: Revival = field(default_factory=Revival)
 
     def __post_init__(self) -> None:
+        self.secrets = Secrets.from_config(self.cfg, self.dsn)
+        logs.add_secrets(self.secrets)
         host = socket.gethostname()
         pid = os.getpid()
         self.identity = (self.cfg.daemon_id or f"{host}:{pid}:{secrets.token_hex(3)}", host, pid)
@@ -203,7 +206,12 @@ class Daemon:
                 workers[name].settle(rs, fenced)
 
         writer = OutcomeWriter(
-            pool, self.metrics, self.identity, on_written=written, health=self.health
+            pool,
+            self.metrics,
+            self.identity,
+            on_written=written,
+            health=self.health,
+            secrets=self.secrets,
         )
         for name, ch in channels.items():
             workers[name] = ChannelWorker(

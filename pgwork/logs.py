@@ -7,9 +7,40 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .db import redact
+from .db import redact as _redact_dsn
+
+if TYPE_CHECKING:
+    from .secrets import Secrets
+
+#: Secrets to mask in every line (added by the daemon and the CLI once the config is known).
+_SECRETS: list[Secrets] = []
+#: The ``log.redact`` mode in force (the log channel's own message text honours it too).
+_MODE = ["none"]
+
+
+def add_secrets(secrets: Secrets) -> None:
+    _SECRETS.append(secrets)
+
+
+def redact(text: str) -> str:
+    """``text`` without DSN passwords or any configured secret."""
+    text = _redact_dsn(text)
+    for s in _SECRETS:
+        text = s.scrub(text)
+    return text
+
+
+def personal(value: str) -> str:
+    """A business key or recipient as ``log.redact`` allows it in message text."""
+    mode = _MODE[0]
+    if mode == "hash":
+        return "h:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+    if mode == "drop":
+        return "(redacted)"
+    return value
+
 
 #: Fields that may carry personal data; hashed or dropped when ``log.redact`` says so.
 PERSONAL = ("business_key", "recipient")
@@ -31,6 +62,8 @@ def _fields(record: logging.LogRecord, redact_mode: str) -> dict[str, Any]:
                 continue
             if redact_mode == "hash":
                 v = "h:" + hashlib.sha256(str(v).encode()).hexdigest()[:16]
+        if isinstance(v, str) and _SECRETS:
+            v = redact(v)
         out[k] = v
     return out
 
@@ -70,6 +103,7 @@ class TextFormatter(logging.Formatter):
 
 
 def setup(fmt: str = "auto", level: str = "info", redact_mode: str = "none") -> None:
+    _MODE[0] = redact_mode
     if fmt == "auto":
         fmt = "text" if sys.stderr.isatty() else "json"
     handler = logging.StreamHandler(sys.stderr)

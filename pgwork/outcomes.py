@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .db import fetch_all
 from .metrics import Metrics
+from .secrets import Secrets
 from .supervise import Backoff, Health
 
 log = logging.getLogger("pgwork.outcomes")
@@ -116,14 +117,16 @@ class Record:
         """What a claim is known by: the row and the lease that claimed it."""
         return (self.work_id, self.lease)
 
-    def cleaned(self) -> Record:
-        """This record as Postgres can store it (see the ``clean_*`` functions)."""
+    def cleaned(self, secrets: Secrets | None = None) -> Record:
+        """This record as Postgres can store it (see the ``clean_*`` functions), with every
+        configured secret masked (a receiver may echo the request's headers back)."""
+        s = secrets or Secrets()
         return replace(
             self,
             retry_after=clean_delay(self.retry_after),
-            error=clean_text(self.error, MAX_ERROR),
+            error=clean_text(s.scrub(self.error) if self.error else self.error, MAX_ERROR),
             error_class=clean_text(self.error_class, MAX_ERROR_CLASS),
-            receipt=clean_receipt(self.receipt),
+            receipt=clean_receipt(s.scrub_json(self.receipt)),
             http_status=self.http_status if self.http_status in range(100, 1000) else None,
         )
 
@@ -181,8 +184,10 @@ class OutcomeWriter:
         identity: tuple[str, str, int],
         on_written: Callable[[list[Record], set[tuple[int, int]]], None] | None = None,
         health: Health | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         self.pool = pool
+        self.secrets = secrets or Secrets()
         self.metrics = metrics
         self.daemon_id, self.host, self.pid = identity
         self.on_written = on_written
@@ -205,7 +210,7 @@ class OutcomeWriter:
         (and whether it was fenced) once it is durable. The record is cleaned first: nothing a
         receiver or a channel returned can make the statement fail."""
         batch = self._current
-        batch.records.append(rec.cleaned())
+        batch.records.append(rec.cleaned(self.secrets))
         if len(batch.records) >= self.MAX_BATCH:
             self._waiting.append(batch)
             self._current = _Batch()
