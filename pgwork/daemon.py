@@ -13,6 +13,7 @@ import os
 import secrets
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -239,6 +240,8 @@ class Daemon:
             for w in workers.values():
                 w.waker.wake("local")
 
+        stalls = materialiser.Stalls()
+
         async def materialise_step() -> Next:
             async with pool.connection() as conn:
                 res = await materialiser.run_once(
@@ -248,6 +251,9 @@ class Daemon:
                     on_made=wake_workers,
                     progress=lambda: self.health.progress("materialiser"),
                 )
+            locked, busy = stalls.result(res, time.monotonic())
+            self.metrics.materialiser_locked.set(locked)
+            self.metrics.materialiser_busy.set(busy)
             if res is None:
                 return Next(materialiser.BUSY_RETRY, "busy")
             self.metrics.materialised.inc(res.made)

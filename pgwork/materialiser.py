@@ -20,6 +20,54 @@ log = logging.getLogger("pgwork.materialiser")
 BUSY_RETRY = 0.05
 #: How soon to look again when a due reminder was skipped because an app holds its row lock.
 LOCKED_RETRY = 0.5
+#: A reminder locked (or a coordination lock held) longer than this is named in a warning.
+LOCKED_WARNING = 10.0
+
+
+class Stalls:
+    """What keeps materialisation waiting, and since when: a due reminder an app holds locked,
+    or the coordination lock held by another materialiser. Either is named in a warning once it
+    lasts longer than ``LOCKED_WARNING`` and exported as seconds."""
+
+    def __init__(self) -> None:
+        self.locked_id: int | None = None
+        self.locked_since = 0.0
+        self.busy_since: float | None = None
+        self._warned: set[object] = set()
+
+    def result(self, res: PassResult | None, now: float) -> tuple[float, float]:
+        """Record a pass; returns (seconds the earliest due reminder has been locked, seconds
+        the coordination lock has been held elsewhere)."""
+        if res is None:
+            self.busy_since = self.busy_since if self.busy_since is not None else now
+        else:
+            self.busy_since = None
+            if res.skipped:
+                if res.next_id != self.locked_id:
+                    self.locked_id, self.locked_since = res.next_id, now
+            else:
+                self.locked_id = None
+        locked = now - self.locked_since if self.locked_id is not None else 0.0
+        busy = now - self.busy_since if self.busy_since is not None else 0.0
+        if locked > LOCKED_WARNING and ("locked", self.locked_id) not in self._warned:
+            self._warned.add(("locked", self.locked_id))
+            log.warning(
+                "reminder %s is due but another transaction has held its row lock for %.0fs; "
+                "it is materialised as soon as the lock goes",
+                self.locked_id,
+                locked,
+                extra={"reminder_id": self.locked_id, "locked_s": round(locked, 1)},
+            )
+        if busy > LOCKED_WARNING and "busy" not in self._warned:
+            self._warned.add("busy")
+            log.warning(
+                "another materialiser has held the coordination lock for %.0fs",
+                busy,
+                extra={"locked_s": round(busy, 1)},
+            )
+        if busy == 0:
+            self._warned.discard("busy")
+        return locked, busy
 
 
 @dataclass(frozen=True)
@@ -36,6 +84,8 @@ class PassResult:
     #: Seconds (database clock) from the cutoff to ``next_fire_at``; None when nothing is left.
     #: At or below zero when reminders locked by apps were skipped this pass.
     next_after_cutoff: float | None = None
+    #: The reminder ``next_fire_at`` belongs to (when skipped: the one an app holds locked).
+    next_id: int | None = None
 
     @property
     def skipped(self) -> bool:
@@ -116,7 +166,7 @@ async def run_once(
         complete_to = nxt["at"] - timedelta(microseconds=1)
         log.info(
             "skipped reminders locked by another transaction; the next pass takes them",
-            extra={"earliest_skipped": nxt["at"].isoformat()},
+            extra={"reminder_id": nxt["id"], "fires_at": nxt["at"].isoformat()},
         )
     async with conn.transaction():
         await conn.execute(Q["materialise_async_commit"])
@@ -146,4 +196,5 @@ async def run_once(
         longest,
         nxt["at"],
         nxt["after_cutoff_s"],
+        nxt["id"],
     )

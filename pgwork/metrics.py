@@ -109,6 +109,17 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        self.materialiser_locked = Gauge(
+            "pgwork_materialiser_locked_seconds",
+            "How long the earliest due reminder has been skipped because another transaction "
+            "holds its row lock (0 when none).",
+            registry=r,
+        )
+        self.materialiser_busy = Gauge(
+            "pgwork_materialiser_busy_seconds",
+            "How long another materialiser has held the coordination lock (0 when free).",
+            registry=r,
+        )
         # Loops
         self.listener_up = Gauge(
             "pgwork_listener_up", "1 while the LISTEN connection is up.", registry=r

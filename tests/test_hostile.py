@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import signal
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from psycopg import errors
 from pgwork.channels import parse_retry_after
 
 from . import sink
-from .helpers import add, config, rows, running, until, webhook_channel, work
+from .helpers import add, config, materialise, rows, running, until, webhook_channel, work
 from .receiver import Answer, Receiver, Request
 from .test_process import DaemonProcess, hook, toml
 
@@ -272,3 +273,58 @@ async def test_garbage_retry_after_keeps_the_http_status(
         ("retry", 503),
         ("delivered", 200),
     ]
+
+
+# -- item 7: no app can hold the coordination lock ---------------------------------------------
+
+
+async def test_an_app_cannot_stop_materialisation_with_a_lock(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await add(conn, "k")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+        # The key the old coordination lock used, held by some session for as long as it likes.
+        await app.execute("SELECT pg_advisory_lock(hashtext('pgwork.materialise'))")
+        with anyio.fail_after(5):
+            res = await materialise(dsn)
+        assert res.made == 1
+    # And the row lock that coordinates now is out of an app role's reach.
+    await conn.execute("CREATE ROLE lock_probe LOGIN IN ROLE pgwork_app")
+    try:
+        await conn.execute("SET ROLE lock_probe")
+        with pytest.raises(errors.InsufficientPrivilege):
+            await conn.execute("SELECT 1 FROM pgwork.materialiser_state FOR UPDATE")
+    finally:
+        await conn.execute("RESET ROLE")
+        await conn.execute("DROP ROLE lock_probe")
+
+
+# -- item 8: a reminder held locked is named -------------------------------------------------
+
+
+async def test_a_reminder_held_locked_is_named_in_a_warning_and_a_metric(
+    dsn: str,
+    conn: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from pgwork import materialiser as m
+
+    monkeypatch.setattr(m, "LOCKED_WARNING", 0.5)
+    caplog.set_level(logging.WARNING, logger="pgwork.materialiser")
+    ids = [await add(conn, f"k{i}") for i in range(5)]
+    async with await psycopg.AsyncConnection.connect(dsn) as app:
+        await app.execute("SELECT 1 FROM pgwork.reminder WHERE id = %s FOR UPDATE", (ids[2],))
+        async with running(config(), dsn) as d:
+            await until(lambda: _settled(conn, 4), what="the four others delivered")
+            await until(lambda: _locked_metric(d, 0.5), what="the lock visible in the metric")
+            await app.rollback()
+            await until(lambda: _settled(conn, 5), what="the fifth delivered once unlocked")
+            await until(lambda: _locked_metric(d, None), what="the metric back to 0")
+    named = [r for r in caplog.records if getattr(r, "reminder_id", None) == ids[2]]
+    assert named and "row lock" in named[0].getMessage()
+
+
+async def _locked_metric(d: Any, above: float | None) -> bool:
+    v = d.metrics.registry.get_sample_value("pgwork_materialiser_locked_seconds") or 0.0
+    return v == 0.0 if above is None else v > above

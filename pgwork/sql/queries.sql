@@ -22,13 +22,17 @@ SELECT name FROM pg_timezone_names
     ON CONFLICT DO NOTHING
 
 -- name: materialise_lock
--- Opens a page's transaction. Taken before the page statement, so that the page's snapshot is
--- younger than any retention batch that retired work rows (retention takes the same lock
--- exclusively): a page can never miss a tombstone and re-insert an occurrence already sent.
--- With coordinate, only one materialiser pages at a time (the others see got = false and retry
--- shortly); without (tests racing two passes), materialisers share the lock.
-SELECT CASE WHEN %(coordinate)s THEN pg_try_advisory_xact_lock(hashtext('pgwork.materialise'))
-            ELSE pg_advisory_xact_lock_shared(hashtext('pgwork.materialise')) IS NOT NULL END AS got,
+-- Opens a page's transaction with the materialiser's coordination lock: the row lock of
+-- pgwork.materialiser_state, which no app role can take (locking a row needs UPDATE on its
+-- table), unlike an advisory lock, whose key any session can hold. Taken before the page
+-- statement, so that the page's snapshot is younger than any retention batch that retired work
+-- rows (retention takes the same row exclusively): a page can never miss a tombstone and
+-- re-insert an occurrence already sent. With coordinate, only one materialiser pages at a time
+-- (the others see got = false and retry shortly); without (tests racing two passes),
+-- materialisers share the lock.
+SELECT CASE WHEN %(coordinate)s
+            THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
+            ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END AS got,
        -- The page commits without waiting for the WAL flush: one lost in a crash is redone by the
        -- next pass (the progress is in the same transaction), and work due now reaches a worker
        -- one disk flush sooner.
@@ -118,12 +122,14 @@ UPDATE pgwork.materialiser_state
 -- The earliest occurrence not yet materialised, and how far it is past %(cutoff)s in seconds by
 -- the database clock (the materialiser sleeps until it enters the window; at or before the
 -- cutoff means a reminder was skipped because an app held its row lock).
-SELECT n.at, extract(epoch FROM n.at - %(cutoff)s::timestamptz)::float8 AS after_cutoff_s
-  FROM (SELECT (SELECT coalesce(r.next_fire_at, r.due_at)
-                  FROM pgwork.reminder r
-                 WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
-                 ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
-                 LIMIT 1) AS at) AS n
+SELECT n.at, n.id, extract(epoch FROM n.at - %(cutoff)s::timestamptz)::float8 AS after_cutoff_s
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (
+        SELECT coalesce(r.next_fire_at, r.due_at) AS at, r.id
+          FROM pgwork.reminder r
+         WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+         LIMIT 1) AS n ON true
 
 -- name: register_channels
 -- Make the configured channels known, so reminders naming them are accepted.
@@ -437,9 +443,10 @@ UPDATE pgwork.config SET retention_paused = %(paused)s
 -- the DELETE itself: a row that became live again (a superseded occurrence revived) between the
 -- scan and the delete is left alone. A delivered or dead occurrence of a reminder that still
 -- exists leaves a tombstone (pgwork.retired) that the materialiser honours; the batch holds the
--- materialiser's lock exclusively, so no page can run on a snapshot that misses the tombstone.
+-- materialiser's coordination lock (see materialise_lock) exclusively, so no page can run on a
+-- snapshot that misses the tombstone.
 WITH lock AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock(hashtext('pgwork.materialise')) IS NOT NULL AS got
+    SELECT true AS got FROM pgwork.materialiser_state FOR UPDATE
 ), victims AS MATERIALIZED (
     SELECT w.id, w.finished_at
       FROM pgwork.renewal_work w
