@@ -59,9 +59,15 @@ class Database:
             self.dsn, self.embedded = "", False
         else:
             self.embedded = True
-            self.server = LocalServer(cfg.embedded_dir)
-            if start_embedded:
-                self.server.start()
+            try:
+                self.server = LocalServer(cfg.embedded_dir)
+                if start_embedded:
+                    self.server.start()
+            except OSError as e:
+                raise ConfigError(
+                    f"database.embedded_dir: cannot use {str(cfg.embedded_dir)!r} for the embedded "
+                    f"server's data: {e.strerror or e}"
+                ) from None
             self.dsn = self.server.dsn() if self.server.port else ""
 
     def close(self) -> None:
@@ -429,6 +435,28 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
 # -- entry point ---------------------------------------------------------------------------
 
 
+def _count_arg(text: str) -> int:
+    """A positive count (``--limit``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= n <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1000000 (got {n})")
+    return n
+
+
+def _id_arg(text: str) -> int:
+    """A work id: a positive bigint."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a work id: {text!r}") from None
+    if not 1 <= n < 2**63:
+        raise argparse.ArgumentTypeError(f"not a work id (ids are 1 to 2^63-1): {text}")
+    return n
+
+
 def _duration_arg(text: str) -> float:
     try:
         return parse_duration(text)
@@ -502,14 +530,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--channel")
     ls.add_argument("--source")
     ls.add_argument("--older-than", type=_duration_arg, metavar="DURATION")
-    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--limit", type=_count_arg, default=100)
     ls.add_argument("--json", action="store_true")
     sh = dsub.add_parser(
         "show",
         help="one dead letter and its attempts",
         description="Show one work row and its attempt ledger.",
     )
-    sh.add_argument("id", type=int)
+    sh.add_argument("id", type=_id_arg)
     sh.add_argument("--json", action="store_true")
     rd = dsub.add_parser(
         "redrive",
@@ -517,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Make dead letters claimable again with a fresh attempt budget and "
         "the same operation id. Refuses work of deleted or moved reminders.",
     )
-    rd.add_argument("ids", nargs="*", type=int)
+    rd.add_argument("ids", nargs="*", type=_id_arg)
     rd.add_argument(
         "--all", action="store_true", help="every dead letter (with --channel: of that channel)"
     )

@@ -215,7 +215,44 @@ def _convert(option: str, kind: str, value: Any) -> Any:
     raise AssertionError(kind)
 
 
+def _check_listen(option: str, value: str) -> None:
+    _host, sep, port = value.rpartition(":")
+    if (
+        not sep
+        or not port.isdigit()
+        or not 1 <= int(port) <= 65535
+        or any(c.isspace() for c in value)
+    ):
+        raise ConfigError(
+            f"{option}: expected HOST:PORT with a port from 1 to 65535 (got {value!r})"
+        )
+
+
+def _check_url(where: str, url: Any) -> None:
+    """A webhook URL that can be requested: http(s), a host, a valid port, no spaces."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        problem = "a webhook channel needs an http:// or https:// URL"
+    elif any(c.isspace() or ord(c) < 32 for c in url):
+        problem = "the URL has a space or a control character"
+    else:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (raises on a bad port)
+        except ValueError as e:
+            problem = f"not a valid URL ({e})"
+        else:
+            if not parts.hostname:
+                problem = "the URL has no host"
+    if problem:
+        raise ConfigError(f"{where}.url: {problem} (got {url!r})")
+
+
 def _check(option: str, value: Any) -> None:
+    if option == "metrics.listen":
+        _check_listen(option, value)
     if option in _CHOICES and value not in _CHOICES[option]:
         raise ConfigError(f"{option}: must be one of {', '.join(_CHOICES[option])} (got {value!r})")
     if option in _LIMITS:
@@ -282,10 +319,7 @@ def _channel(
     url = raw.get("url")
     target = raw.get("target")
     if kind == "webhook":
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"{where}.url: a webhook channel needs an http:// or https:// URL (got {url!r})"
-            )
+        _check_url(where, url)
     elif url is not None:
         raise ConfigError(f"{where}.url: only webhook channels take a url")
     if kind == "python":
@@ -379,8 +413,12 @@ def load(
                 raw = tomllib.load(f)
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
 
     values: dict[str, Any] = {}
     known_sections = {o.split(".")[0] for o in _OPTIONS} | {"channels"}

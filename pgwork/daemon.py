@@ -152,7 +152,7 @@ class Daemon:
             server, _thread = start_http_server(
                 int(port), host or "127.0.0.1", self.metrics.registry
             )
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, OverflowError) as e:
             raise ConfigError(
                 f"metrics.listen: cannot serve on {self.cfg.metrics_listen!r}: {e}"
             ) from None

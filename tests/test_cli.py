@@ -143,3 +143,52 @@ async def test_psql_passes_its_arguments(dsn: str, conn: psycopg.AsyncConnection
     await add(conn, "k", channel="log")
     r = pgwork("psql", "-X", "-A", "-t", "-c", "SELECT business_key FROM pgwork.reminder", dsn=dsn)
     assert (r.returncode, r.stdout.strip()) == (0, "k"), r.stderr
+
+
+# -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        ("dir", ["status"], "config file {p} cannot be read: Is a directory"),
+        ("latin1", ["status"], "config file {p} is not UTF-8 text"),
+        (
+            '[database]\nembedded_dir = "{t}/afile/sub"\n',
+            ["status"],
+            "database.embedded_dir: cannot use '{t}/afile/sub' for the embedded server's data",
+        ),
+        ('[metrics]\nlisten = "127.0.0.1:99999"\n', ["run"], "metrics.listen: expected HOST:PORT"),
+        ('[channels.h]\nkind = "webhook"\nurl = "http://"\n', ["status"], "the URL has no host"),
+        (
+            '[channels.h]\nkind = "webhook"\nurl = "https://[::1"\n',
+            ["status"],
+            "channels.h.url: not a valid URL",
+        ),
+        (
+            '[channels.h]\nkind = "webhook"\nurl = "http://exa mple.com/"\n',
+            ["status"],
+            "channels.h.url: the URL has a space",
+        ),
+        ("", ["dlq", "list", "--limit", "-1"], "argument --limit: must be between 1 and 1000000"),
+        ("", ["dlq", "redrive", str(2**70)], "argument ids: not a work id"),
+        ("", ["dlq", "show", "x"], "argument id: not a work id"),
+    ],
+)
+def test_config_and_usage_mistakes_are_one_line_and_exit_2(
+    tmp_path: Path, setup: str, args: list[str], message: str
+) -> None:
+    p = tmp_path / "c.toml"
+    (tmp_path / "afile").write_text("x")
+    if setup == "dir":
+        p.mkdir()
+    elif setup == "latin1":
+        p.write_bytes(b'[log]\nlevel = "d\xe9bug"\n')
+    else:
+        p.write_text(setup.format(t=tmp_path))
+    r = pgwork(
+        "--config", str(p), *args, dsn="host=127.0.0.1 port=1" if "dir" not in setup else None
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert message.format(p=p, t=tmp_path) in r.stderr
