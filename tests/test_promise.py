@@ -350,7 +350,8 @@ async def test_a_receiver_answering_nul_characters_cannot_stall_the_channel(
     def script(r: Request) -> Answer:
         if r.n == 1:
             return Answer(status=500, body=b'{"error": "bad \x00 byte"} \x00\x00')
-        return Answer(status=200, body=b'{"receipt": "ok"}')
+        # A valid JSON receipt whose string holds an escaped NUL (jsonb refuses \u0000).
+        return Answer(status=200, body=b'{"ok": "\\u0000", "receipt": "ok"}')
 
     with Receiver(script) as receiver:
         async with running(config(webhook_channel(receiver.url)), dsn):
@@ -360,6 +361,8 @@ async def test_a_receiver_answering_nul_characters_cannot_stall_the_channel(
     ledger = await rows(conn, "SELECT outcome, error FROM pgwork.attempt WHERE outcome = 'retry'")
     assert len(ledger) == 5 and all("\x00" not in (x["error"] or "") for x in ledger)
     assert any("bad" in (x["error"] or "") for x in ledger)
+    receipts = await rows(conn, "SELECT receipt FROM pgwork.attempt WHERE outcome = 'delivered'")
+    assert [r["receipt"]["body"] for r in receipts] == [{"ok": "", "receipt": "ok"}] * 5
 
 
 async def _all_delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:

@@ -204,3 +204,36 @@ async def test_daemon_runs_retention_and_honours_pause(
         await conn.execute("UPDATE pgwork.config SET retention_paused = false")
         await until(lambda: _delivered(conn, 1), what="retention resumed")
         assert d.metrics.registry.get_sample_value("pgwork_retention_deleted_rows_total") == 50
+
+
+async def test_retention_runs_under_a_role_with_only_the_documented_grants(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The README lists what a separate retention role (retention.dsn) needs; exactly that works,
+    tombstones included."""
+    rid = await add(conn, "live", "now() - interval '40 days'")
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() - interval '40 days'"
+    )
+    await seed(conn, 50, "delivered", "40 days")
+    await conn.execute("CREATE ROLE cleanup_probe LOGIN")
+    try:
+        for sql in (
+            "GRANT USAGE ON SCHEMA pgwork TO cleanup_probe",
+            "GRANT SELECT, DELETE ON pgwork.renewal_work, pgwork.attempt TO cleanup_probe",
+            "GRANT INSERT ON pgwork.retired TO cleanup_probe",
+            "GRANT SELECT ON pgwork.reminder, pgwork.config TO cleanup_probe",
+            "GRANT SELECT, UPDATE ON pgwork.materialiser_state, pgwork.retention_state "
+            "TO cleanup_probe",
+        ):
+            await conn.execute(sql)
+        from psycopg.conninfo import make_conninfo
+
+        res = await clean(make_conninfo(dsn, user="cleanup_probe"))
+        assert res.deleted == 51 and not res.stalled
+        tomb = await rows(conn, "SELECT reminder_id FROM pgwork.retired")
+        assert [t["reminder_id"] for t in tomb] == [rid]
+    finally:
+        await conn.execute("DROP OWNED BY cleanup_probe")
+        await conn.execute("DROP ROLE cleanup_probe")
