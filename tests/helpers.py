@@ -58,6 +58,26 @@ async def materialise(
         await c.close()
 
 
+async def claim(
+    dsn: str, *, lease: float = 30.0, max_attempts: int = 5, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Claim rows of the `test` channel by hand, as a worker of daemon `d` would."""
+    from datetime import timedelta
+
+    async with await db.connect(dsn) as c:
+        return await db.fetch_all(
+            c,
+            "claim_work",
+            {
+                "channel": "test",
+                "limit": limit,
+                "max_attempts": max_attempts,
+                "lease": timedelta(seconds=lease),
+                "daemon_id": "d",
+            },
+        )
+
+
 # -- in-process daemon -----------------------------------------------------------------------
 
 import time  # noqa: E402

@@ -19,25 +19,10 @@ from pgwork.metrics import Metrics
 from pgwork.outcomes import OutcomeWriter, Record
 from pgwork.retention import Retention
 
-from .helpers import add, config, materialise, rows, running, until, webhook_channel, work
+from .helpers import add, claim, config, materialise, rows, running, until, webhook_channel, work
 from .receiver import Receiver
 
 pytestmark = pytest.mark.anyio
-
-
-async def _claim(dsn: str, *, lease: float = 30.0, max_attempts: int = 5) -> list[dict[str, Any]]:
-    async with await db.connect(dsn) as c:
-        return await db.fetch_all(
-            c,
-            "claim_work",
-            {
-                "channel": "test",
-                "limit": 100,
-                "max_attempts": max_attempts,
-                "lease": timedelta(seconds=lease),
-                "daemon_id": "d",
-            },
-        )
 
 
 def _outcome(work_id: int, lease: int, status: str, outcome: str | None = None) -> dict[str, Any]:
@@ -64,7 +49,7 @@ async def _record(dsn: str, outcomes: list[dict[str, Any]]) -> list[dict[str, An
 
 async def _deliver_all(dsn: str) -> None:
     """Claim every claimable row and record it delivered (a worker that always succeeds)."""
-    claimed = await _claim(dsn)
+    claimed = await claim(dsn)
     await _record(dsn, [_outcome(r["id"], r["lease"], "delivered") for r in claimed])
 
 
@@ -146,7 +131,7 @@ async def test_reschedule_after_retention_does_not_recreate_a_sent_occurrence(
     await materialise(dsn)
     await conn.execute("UPDATE pgwork.reminder SET due_at = due_at - interval '2 days'")
     await materialise(dsn)
-    assert await _claim(dsn) == []
+    assert await claim(dsn) == []
     made = [(w["occurrence"], w["status"]) for w in await work(conn)]
     assert made == [(timedelta(seconds=1), "delivered")]
 
@@ -216,7 +201,7 @@ async def test_unstorable_outcomes_are_cleaned_and_cannot_block_a_flush(
     for i in range(6):
         await add(conn, f"k{i}")
     await materialise(dsn)
-    claimed = sorted(await _claim(dsn), key=lambda r: r["business_key"])
+    claimed = sorted(await claim(dsn), key=lambda r: r["business_key"])
 
     class Opaque:
         def __str__(self) -> str:
@@ -254,7 +239,7 @@ async def test_a_batch_the_database_refuses_is_split_so_one_record_cannot_hold_t
     for i in range(5):
         await add(conn, f"k{i}")
     await materialise(dsn)
-    claimed = sorted(await _claim(dsn), key=lambda r: r["business_key"])
+    claimed = sorted(await claim(dsn), key=lambda r: r["business_key"])
     pool = db.make_pool(dsn, 2, 5.0)
     await pool.open(wait=True)
     try:
@@ -281,9 +266,9 @@ async def test_two_leases_of_one_row_in_one_batch(
     """Issue 8, item 3: lease 1's late 'failed' must not beat lease 2's 'retry', in either order."""
     await add(conn, "k")
     await materialise(dsn)
-    (first,) = await _claim(dsn, lease=0.1)
+    (first,) = await claim(dsn, lease=0.1)
     await anyio.sleep(0.2)
-    (second,) = await _claim(dsn)
+    (second,) = await claim(dsn)
     assert (first["lease"], second["lease"]) == (1, 2)
     batch = [_rec(first, "dead"), _rec(second, "ready")]
     fenced = await _writer_run(dsn, batch if stale_first else batch[::-1])
@@ -300,7 +285,7 @@ async def test_a_retried_write_whose_commit_reply_was_lost_is_not_fenced(
     """Issue 8, item 4: the same (work id, lease, outcome) written twice is recognised."""
     await add(conn, "k")
     await materialise(dsn)
-    (row,) = await _claim(dsn)
+    (row,) = await claim(dsn)
     rec = [_outcome(row["id"], row["lease"], "delivered")]
     assert await _record(dsn, rec) == []
     again = await _record(dsn, rec)  # the retry after a lost reply
@@ -317,7 +302,7 @@ async def test_stored_times_come_from_the_database_clock(
     """Issue 8, item 12: the daemon sends ages, the statement stamps now()."""
     await add(conn, "k")
     await materialise(dsn)
-    (row,) = await _claim(dsn)
+    (row,) = await claim(dsn)
     await _record(
         dsn,
         [

@@ -16,7 +16,18 @@ from pgwork.config import ConfigError
 from pgwork.daemon import Daemon
 
 from . import sink
-from .helpers import add, config, count, materialise, python_channel, rows, running, until, work
+from .helpers import (
+    add,
+    claim,
+    config,
+    count,
+    materialise,
+    python_channel,
+    rows,
+    running,
+    until,
+    work,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
@@ -175,34 +186,19 @@ async def test_redrive_refuses_cancelled_and_moved(
     assert await count(conn, "status = 'dead'") == 2
 
 
-async def _claim(dsn: str, lease: float, max_attempts: int = 5) -> list[dict[str, Any]]:
-    async with await db.connect(dsn) as c:
-        return await db.fetch_all(
-            c,
-            "claim_work",
-            {
-                "channel": "test",
-                "limit": 10,
-                "max_attempts": max_attempts,
-                "lease": timedelta(seconds=lease),
-                "daemon_id": "manual",
-            },
-        )
-
-
 async def test_claim_rereads_business_state(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
     # Rows already claimed (so the reminder triggers leave them alone), then their lease expires
     # after the reminder was deleted or moved: the next claim closes them; nothing is sent.
     await add(conn, "gone")
     await add(conn, "moved")
     await materialise(dsn)
-    assert len(await _claim(dsn, lease=0.2)) == 2
+    assert len(await claim(dsn, lease=0.2)) == 2
     await conn.execute("DELETE FROM pgwork.reminder WHERE business_key = 'gone'")
     await conn.execute(
         "UPDATE pgwork.reminder SET due_at = due_at + interval '1 day' WHERE business_key = 'moved'"
     )
     await anyio.sleep(0.3)
-    got = await _claim(dsn, lease=5)
+    got = await claim(dsn, lease=5)
     assert sorted((r["business_key"], r["status"]) for r in got) == [
         ("gone", "cancelled"),
         ("moved", "superseded"),
@@ -218,18 +214,18 @@ async def test_expired_lease_on_last_attempt_goes_dead(
 ) -> None:
     await add(conn, "k")
     await materialise(dsn)
-    await _claim(dsn, lease=0.1, max_attempts=1)
+    await claim(dsn, lease=0.1, max_attempts=1)
     await anyio.sleep(0.2)
-    (r,) = await _claim(dsn, lease=5, max_attempts=1)
+    (r,) = await claim(dsn, lease=5, max_attempts=1)
     assert (r["status"], r["attempts"]) == ("dead", 1)
 
 
 async def test_fencing_refuses_a_late_outcome(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
     await add(conn, "k")
     await materialise(dsn)
-    (first,) = await _claim(dsn, lease=0.1)
+    (first,) = await claim(dsn, lease=0.1)
     await anyio.sleep(0.2)
-    (second,) = await _claim(dsn, lease=30)
+    (second,) = await claim(dsn, lease=30)
     assert (first["lease"], second["lease"], second["prev_status"]) == (1, 2, "claimed")
 
     async with await db.connect(dsn) as c:
@@ -416,7 +412,7 @@ async def test_drain_waits_for_a_flush_under_way(
 
     await add(conn, "k")
     await materialise(dsn)
-    (row,) = await _claim(dsn, lease=30)
+    (row,) = await claim(dsn, lease=30)
     pool = db.make_pool(dsn, 2, 5.0)
     await pool.open(wait=True)
     try:
