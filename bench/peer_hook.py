@@ -23,7 +23,8 @@ import time
 import anyio
 import psycopg
 
-from pgwork import db, materialiser
+from pgwork import db
+from pgwork.duties import materialise as materialiser
 
 from . import workloads as w
 

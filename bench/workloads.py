@@ -19,11 +19,13 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgwork import db, gauges, materialiser
+from pgwork import db
 from pgwork.channels import Delivered, Delivery, WebhookChannel
 from pgwork.config import ChannelConfig, Config, RetentionPolicy, RetryPolicy
 from pgwork.daemon import Daemon
-from pgwork.retention import Retention
+from pgwork.duties import gauges
+from pgwork.duties import materialise as materialiser
+from pgwork.duties.retention import Retention
 
 from . import noop
 from .cpu import CpuMeter, rss_kb

@@ -274,7 +274,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
-    from .retention import Retention
+    from .duties.retention import Retention
 
     database = Database(cfg)
     dsn = cfg.retention_dsn or database.dsn

@@ -13,32 +13,35 @@ import os
 import secrets
 import signal
 import socket
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from prometheus_client import start_http_server
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, db, gauges, logs, materialiser
+from . import __version__, db, logs
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config, ConfigError
-from .listener import Listener
+from .duties.deliver import ChannelWorker
+from .duties.gauges import Gauges
+from .duties.leases import Heartbeat, Leases, release_all
+from .duties.listener import Listener
+from .duties.materialise import Materialiser
+from .duties.outcomes import OutcomeWriter
+from .duties.retention import RetentionDuty
 from .metrics import Metrics
-from .outcomes import OutcomeWriter, Record
 from .queries import Q
-from .retention import Retention
 from .secrets import Secrets
-from .supervise import Backoff, Health, Next, Revival, duty_loop
+from .supervise import Backoff, Supervisor
 from .systemd import Notifier
-from .waker import Waker
-from .worker import ChannelWorker, Leases, heartbeat_step, release_all
+from .waker import WakerGroup
 
 log = logging.getLogger("pgwork.daemon")
 
@@ -52,22 +55,20 @@ class Daemon:
     dsn: str
     metrics: Metrics = field(default_factory=Metrics)
     identity: tuple[str, str, int] = field(init=False)
-    health: Health = field(default_factory=Health)
-    materialiser_waker: Waker = field(default_factory=Waker)
     #: Set once every duty has started (tests and systemd readiness wait on it).
     ready: anyio.Event = field(default_factory=anyio.Event)
     #: Set when run() has returned.
     finished: anyio.Event = field(default_factory=anyio.Event)
-    #: A one-line summary for `systemctl status`, refreshed by the metrics duty.
-    summary: str = "starting"
-    _stop_requested: int = 0
-    _stop_changed: anyio.Event = field(default_factory=anyio.Event)
-    _workers: dict[str, ChannelWorker] = field(default_factory=dict)
     #: The database's clock, as seen from here.
     clock: Clock = field(default_factory=Clock)
-    revival: Revival = field(default_factory=Revival)
+    _state: str = "starting"
+    _stop_requested: int = 0
+    _stop_changed: anyio.Event = field(default_factory=anyio.Event)
+    _gauges: Gauges | None = None
 
     def __post_init__(self) -> None:
+        self.sup = Supervisor(self.metrics)
+        self._held: Callable[[], int] = lambda: 0
         self.secrets = Secrets.from_config(self.cfg, self.dsn)
         logs.add_secrets(self.secrets)
         host = socket.gethostname()
@@ -79,9 +80,13 @@ class Daemon:
         return self.identity[0]
 
     @property
-    def heartbeat_every(self) -> float:
-        """Seconds between heartbeats (leases are extended three times per lease)."""
-        return self.cfg.lease / 3
+    def summary(self) -> str:
+        """A one-line summary for `systemctl status` (the gauges duty's, while running)."""
+        if self._state == "running":
+            if self._gauges is not None:
+                return self._gauges.summary
+            return "running (metrics disabled: lag is in `pgwork status`)"
+        return self._state
 
     def request_stop(self) -> None:
         """First call: graceful stop. Second call: cancel in-flight deliveries."""
@@ -111,7 +116,7 @@ class Daemon:
                     db.redact(str(e)).strip(),
                     extra={"error_class": type(e).__name__},
                 )
-                self.summary = f"waiting for the database ({db.describe(self.dsn)})"
+                self._state = f"waiting for the database ({db.describe(self.dsn)})"
                 with anyio.move_on_after(delay):
                     await self._stop_level(1)
                 continue
@@ -137,7 +142,7 @@ class Daemon:
                     "host": host,
                     "pid": pid,
                     "version": __version__,
-                    "heartbeat_every": timedelta(seconds=self.heartbeat_every),
+                    "heartbeat_every": timedelta(seconds=self.cfg.lease / 3),
                 },
             )
         async with pool.connection() as conn:
@@ -195,150 +200,79 @@ class Daemon:
         channels: dict[str, Channel],
         task_status: TaskStatus[None],
     ) -> None:
-        cfg = self.cfg
+        cfg, sup = self.cfg, self.sup
         leases = Leases()
-        workers = self._workers
-
-        def written(records: list[Record], fenced: set[tuple[int, int]]) -> None:
-            by_channel: dict[str, list[Record]] = {}
-            for r in records:
-                by_channel.setdefault(r.channel, []).append(r)
-            for name, rs in by_channel.items():
-                workers[name].settle(rs, fenced)
-
         writer = OutcomeWriter(
-            pool,
-            self.metrics,
-            self.identity,
-            on_written=written,
-            health=self.health,
-            secrets=self.secrets,
+            pool, sup.metrics, self.identity, health=sup.health, secrets=self.secrets
         )
-        for name, ch in channels.items():
-            workers[name] = ChannelWorker(
+        work_made = WakerGroup()
+        workers = [
+            ChannelWorker(
                 ch,
                 pool,
                 writer,
                 leases,
-                self.metrics,
+                sup,
                 daemon_id=self.daemon_id,
                 lease=cfg.lease,
                 claim_batch=cfg.claim_batch,
                 tick=cfg.tick,
                 clock=self.clock,
+                woken_by=work_made,
             )
-        listener = Listener(
-            self.dsn,
-            self.metrics,
-            self.materialiser_waker,
-            lambda: [w.waker for w in workers.values()],
-            connect_timeout=cfg.connect_timeout,
-            revival=self.revival,
+            for ch in channels.values()
+        ]
+        materialiser = Materialiser(
+            pool, sup, work_made, tick=cfg.tick, lookahead=cfg.lookahead, page_size=cfg.page_size
         )
-
-        def wake_workers() -> None:
-            for w in workers.values():
-                w.waker.wake("local")
-
-        stalls = materialiser.Stalls()
-
-        async def materialise_step() -> Next:
-            async with pool.connection() as conn:
-                res = await materialiser.run_once(
-                    conn,
-                    lookahead=cfg.lookahead,
-                    page_size=cfg.page_size,
-                    on_made=wake_workers,
-                    progress=lambda: self.health.progress("materialiser"),
-                )
-            locked, busy = stalls.result(res, time.monotonic())
-            self.metrics.materialiser_locked.set(locked)
-            self.metrics.materialiser_busy.set(busy)
-            if res is None:
-                return Next(materialiser.BUSY_RETRY, "busy")
-            self.metrics.materialised.inc(res.made)
-            self.metrics.materialiser_cutoff.set(res.cutoff.timestamp())
-            self.metrics.materialiser_pass.observe(res.duration)
-            if res.next_after_cutoff is None:
-                return Next(cfg.tick, "tick")
-            if res.skipped:
-                # An app holds a due reminder's row lock: look again soon, without spinning.
-                return Next(min(cfg.tick, materialiser.LOCKED_RETRY), "locked")
-            # Sleep until the next known occurrence enters the look-ahead window (database clock).
-            wait = res.next_after_cutoff
-            return Next(min(cfg.tick, wait), "timer" if wait < cfg.tick else "tick")
-
-        async def heartbeat() -> Next:
-            lost = await heartbeat_step(pool, leases, cfg.lease)
-            for work_id, lease in lost:
-                log.warning(
-                    "lease lost while delivering (another worker may take the row)",
-                    extra={"work_id": work_id, "lease": lease},
-                )
-            async with pool.connection() as conn:
-                await conn.execute(
-                    Q["daemon_heartbeat"], {"id": self.daemon_id, "listener_up": listener.up}
-                )
-                gone = await db.fetch_all(conn, "daemons_forget_gone")
-                await self.clock.sync(conn)
-            for g in gone:
-                log.info(
-                    "forgot daemon %s: no heartbeat for long", g["id"], extra={"gone": g["id"]}
-                )
-            return Next(self.heartbeat_every, "tick")
-
-        retention = Retention(cfg.retention, self.metrics)
-
-        async def retention_step() -> Next:
-            conn = await db.connect(cfg.retention_dsn or self.dsn, timeout=cfg.connect_timeout)
-            try:
-                await retention.configure(conn)
-                res = await retention.run_once(
-                    conn, progress=lambda: self.health.progress("retention")
-                )
-            finally:
-                await conn.close()
-            if not res.paused:
-                self.metrics.retention_last_pass.set_to_current_time()
-            return Next(cfg.retention_interval, "tick")
-
-        def loop(
-            name: str, step: Any, waker: Waker | None = None, first: Next | None = None
-        ) -> Any:
-            return partial(
-                duty_loop,
-                name,
-                step,
-                waker or Waker(),
-                self.metrics,
-                first=first,
-                health=self.health,
-                revival=self.revival,
-            )
+        listener = Listener(
+            self.dsn, sup, materialiser.waker, work_made, connect_timeout=cfg.connect_timeout
+        )
+        heartbeat = Heartbeat(
+            pool,
+            leases,
+            sup,
+            lease=cfg.lease,
+            daemon_id=self.daemon_id,
+            clock=self.clock,
+            listener_up=lambda: listener.up,
+        )
+        self._held = lambda: sum(w.held for w in workers)
 
         async with anyio.create_task_group() as duties:
-            duties.start_soon(writer.run)
-            duties.start_soon(listener.run)
-            duties.start_soon(loop("materialiser", materialise_step, self.materialiser_waker))
-            duties.start_soon(
-                loop("heartbeat", heartbeat, first=Next(self.heartbeat_every, "tick"))
-            )
+            # Every duty is started (its first connection made, its loop entered) before READY.
+            await duties.start(writer.run)
+            await duties.start(listener.run)
+            await duties.start(materialiser.run)
+            await duties.start(heartbeat.run)
             if cfg.metrics_enabled:
-                duties.start_soon(loop("metrics", partial(self._refresh_metrics, pool, listener)))
-            duties.start_soon(self.revival.probe, partial(self._probe, cfg.connect_timeout))
+                self._gauges = Gauges(
+                    pool,
+                    sup,
+                    interval=cfg.metrics_interval,
+                    rows_held=self._held,
+                    listener_up=lambda: listener.up,
+                )
+                await duties.start(self._gauges.run)
             if cfg.retention_enabled:
-                duties.start_soon(loop("retention", retention_step, first=Next(1.0, "tick")))
-
-            # Claim loops live with the duties and stop cooperatively (a flag), so a stop never
-            # cancels a database call; the work group holds only the delivery workers.
-            for w in workers.values():
-                duties.start_soon(loop(f"claim:{w.name}", w.claim_step, w.waker))
+                retention = RetentionDuty(
+                    cfg.retention_dsn or self.dsn,
+                    cfg.retention,
+                    sup,
+                    interval=cfg.retention_interval,
+                    connect_timeout=cfg.connect_timeout,
+                )
+                await duties.start(retention.run)
+            duties.start_soon(sup.revival.probe, partial(self._probe, cfg.connect_timeout))
+            # Claim loops stop cooperatively (a flag), so a stop never cancels a database call;
+            # the work group holds only the delivery workers.
+            for w in workers:
+                await duties.start(w.run)
 
             async with anyio.create_task_group() as work:
-                for w in workers.values():
+                for w in workers:
                     w.start_workers(work)
-                if not cfg.metrics_enabled:
-                    self.summary = "running (metrics disabled: lag is in `pgwork status`)"
+                self._state = "running"
                 self.ready.set()
                 task_status.started()
                 log.info(
@@ -351,76 +285,75 @@ class Daemon:
                     },
                 )
                 await self._stop_level(1)
+                await self._graceful(work, workers, writer, leases)
 
-                # Claiming stopped. Rows claimed but not started are not started now (they are
-                # released below); deliveries in flight get the grace period, or less on a second signal.
-                for w in workers.values():
-                    w.stop_claiming()
-                    w.stop_taking()
-                in_flight = sum(w.in_flight for w in workers.values())
-                self.summary = f"stopping: {in_flight} deliveries in flight"
-                log.info(
-                    "stopping: claiming stopped, %d deliveries in flight",
-                    in_flight,
-                    extra={
-                        "grace_s": cfg.shutdown_grace,
-                        "outcomes_pending": writer.pending(),
-                        "held": len(leases.held),
-                    },
-                )
-                work.cancel_scope.deadline = anyio.current_time() + cfg.shutdown_grace
-
-                async def hard_stop() -> None:
-                    await self._stop_level(2)
-                    log.warning("second stop request: cancelling in-flight deliveries")
-                    work.cancel_scope.cancel()
-
-                async def done_when_idle() -> None:
-                    # Shutdown only: a 20 ms poll is simpler than an event per worker.
-                    while any(w.in_flight for w in workers.values()):  # noqa: ASYNC110
-                        await anyio.sleep(0.02)
-                    work.cancel_scope.cancel()
-
-                work.start_soon(hard_stop)
-                work.start_soon(done_when_idle)
-
-            for w in workers.values():
+            for w in workers:
                 w.close()
-            # Final steps, bounded: write what is pending, then give back what we still hold.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_STEPS_TIMEOUT) as scope:
-                await writer.drain()
-                released = await release_all(pool, leases, self.identity)
-                if released:
-                    log.info("released %d rows without counting an attempt", released)
-            if scope.cancelled_caught:
-                log.error(
-                    "final flush/release did not finish in %ss; held rows return when their "
-                    "lease expires",
-                    FINAL_STEPS_TIMEOUT,
-                )
+            await self._final_steps(pool, writer, leases)
             duties.cancel_scope.cancel()
         log.info("pgwork stopped", extra={"daemon_id": self.daemon_id})
+
+    async def _graceful(
+        self,
+        work: TaskGroup,
+        workers: list[ChannelWorker],
+        writer: OutcomeWriter,
+        leases: Leases,
+    ) -> None:
+        """Claiming stops; rows claimed but not started are not started now (they are released
+        at the end); deliveries in flight get the grace period, or less on a second signal."""
+        for w in workers:
+            w.stop_claiming()
+            w.stop_taking()
+        held = self._held()
+        self._state = f"stopping: {held} rows held"
+        log.info(
+            "stopping: claiming stopped, %d deliveries in flight",
+            held,
+            extra={
+                "grace_s": self.cfg.shutdown_grace,
+                "outcomes_pending": writer.pending(),
+                "held": len(leases.held),
+            },
+        )
+        work.cancel_scope.deadline = anyio.current_time() + self.cfg.shutdown_grace
+
+        async def hard_stop() -> None:
+            await self._stop_level(2)
+            log.warning("second stop request: cancelling in-flight deliveries")
+            work.cancel_scope.cancel()
+
+        async def done_when_idle() -> None:
+            # Shutdown only: a 20 ms poll is simpler than an event per worker.
+            while self._held():  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+            work.cancel_scope.cancel()
+
+        work.start_soon(hard_stop)
+        work.start_soon(done_when_idle)
+
+    async def _final_steps(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        writer: OutcomeWriter,
+        leases: Leases,
+    ) -> None:
+        """Bounded: write what is pending, then give back what we still hold."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_STEPS_TIMEOUT) as scope:
+            await writer.drain()
+            released = await release_all(pool, leases, self.identity)
+            if released:
+                log.info("released %d rows without counting an attempt", released)
+        if scope.cancelled_caught:
+            log.error(
+                "final flush/release did not finish in %ss; held rows return when their "
+                "lease expires",
+                FINAL_STEPS_TIMEOUT,
+            )
 
     async def _probe(self, timeout: float) -> None:
         conn = await db.connect(self.dsn, timeout=timeout)
         await conn.close()
-
-    async def _refresh_metrics(
-        self, pool: AsyncConnectionPool[AsyncConnection[Any]], listener: Listener
-    ) -> Next:
-        """Database-derived gauges, refreshed here so that a scrape never runs a query. Every
-        query reads an index bounded by live rows, dead letters or the catalog, never the rows
-        retention keeps (bench/ measures this against a 10M-row table)."""
-        async with pool.connection() as conn:
-            reading = await gauges.read(conn)
-        gauges.publish(self.metrics, reading)
-        in_flight = sum(w.in_flight for w in self._workers.values())
-        self.summary = (
-            f"running: {in_flight} rows held, lag {reading.lag['lag_seconds']:.1f}s, "
-            f"{reading.dead_letters} dead letters, "
-            f"listener {'up' if listener.up else 'DOWN'}"
-        )
-        return Next(self.cfg.metrics_interval, "tick")
 
 
 async def watchdog(daemon: Daemon, notifier: Notifier) -> None:
@@ -432,7 +365,7 @@ async def watchdog(daemon: Daemon, notifier: Notifier) -> None:
     while True:
         notifier.status(daemon.summary)
         if timeout:
-            stuck = daemon.health.stuck(timeout)
+            stuck = daemon.sup.health.stuck(timeout)
             if not stuck:
                 notifier.watchdog()
                 complained = False

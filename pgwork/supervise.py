@@ -7,9 +7,10 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
+from anyio.abc import TaskStatus
 
 from .metrics import Metrics
 from .waker import Waker
@@ -103,54 +104,66 @@ class Backoff:
         self.failures = 0
 
 
-async def duty_loop(
-    name: str,
-    step: Callable[[], Awaitable[Next]],
-    waker: Waker,
-    metrics: Metrics,
-    *,
-    first: Next | None = None,
-    health: Health | None = None,
-    revival: Revival | None = None,
-) -> None:
-    """Run ``step`` forever. An exception in a pass is logged, counted and retried with backoff;
-    cancellation passes straight through (it is how the daemon stops a duty)."""
-    backoff = Backoff()
-    nxt = first or Next(0, "start")
-    while True:
-        cause = await waker.sleep(nxt.seconds)
-        metrics.wakeups.labels(name, nxt.reason if cause == "timer" else cause).inc()
-        if health is not None:
-            health.begin(name)
-        try:
-            nxt = await step()
-        except Exception as e:
-            metrics.duty_failures.labels(name).inc()
-            delay = backoff.next()
-            log.error(
-                "%s pass failed; retrying in %.1fs: %s",
-                name,
-                delay,
-                e,
-                extra={"duty": name, "error_class": type(e).__name__, "failures": backoff.failures},
-                exc_info=backoff.failures == 1,
-            )
-            nxt = Next(delay, "retry")
-            if revival is not None:
-                revival.failed(waker)
-        else:
-            if revival is not None:
-                revival.recovered(waker)
-            if backoff.failures:
-                metrics.duty_restarts.labels(name).inc()
-                log.info(
-                    "%s recovered after %d failed passes",
+@dataclass
+class Supervisor:
+    """What every duty's loop shares: metrics, the health record behind the systemd watchdog,
+    and the revival that cuts backoffs short when the database answers again."""
+
+    metrics: Metrics
+    health: Health = field(default_factory=Health)
+    revival: Revival = field(default_factory=Revival)
+
+    async def loop(
+        self,
+        name: str,
+        step: Callable[[], Awaitable[Next]],
+        waker: Waker | None = None,
+        *,
+        first: Next | None = None,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run ``step`` forever, the one loop shape of every duty: sleep until the step's
+        ``Next`` (or a wake-up), run a pass, and on an exception log, count and back off (cut
+        short by a revival). Cancellation passes straight through (it is how a duty stops).
+        ``task_status`` is started before the first sleep."""
+        waker = waker or Waker()
+        backoff = Backoff()
+        nxt = first or Next(0, "start")
+        task_status.started()
+        while True:
+            cause = await waker.sleep(nxt.seconds)
+            self.metrics.wakeups.labels(name, nxt.reason if cause == "timer" else cause).inc()
+            self.health.begin(name)
+            try:
+                nxt = await step()
+            except Exception as e:
+                self.metrics.duty_failures.labels(name).inc()
+                delay = backoff.next()
+                log.error(
+                    "%s pass failed; retrying in %.1fs: %s",
                     name,
-                    backoff.failures,
-                    extra={"duty": name},
+                    delay,
+                    e,
+                    extra={
+                        "duty": name,
+                        "error_class": type(e).__name__,
+                        "failures": backoff.failures,
+                    },
+                    exc_info=backoff.failures == 1,
                 )
-                backoff.reset()
-            metrics.duty_last_success.labels(name).set_to_current_time()
-        finally:
-            if health is not None:
-                health.end(name)
+                nxt = Next(delay, "retry")
+                self.revival.failed(waker)
+            else:
+                self.revival.recovered(waker)
+                if backoff.failures:
+                    self.metrics.duty_restarts.labels(name).inc()
+                    log.info(
+                        "%s recovered after %d failed passes",
+                        name,
+                        backoff.failures,
+                        extra={"duty": name},
+                    )
+                    backoff.reset()
+                self.metrics.duty_last_success.labels(name).set_to_current_time()
+            finally:
+                self.health.end(name)

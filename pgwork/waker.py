@@ -30,3 +30,18 @@ class Waker:
             self._event = anyio.Event()
             return cause
         return "timer"
+
+
+class WakerGroup:
+    """Wakes every member at once: the delivery loops, woken by the materialiser when it made
+    rows and by the listener on a notification."""
+
+    def __init__(self) -> None:
+        self._members: list[Waker] = []
+
+    def add(self, w: Waker) -> None:
+        self._members.append(w)
+
+    def wake(self, cause: str) -> None:
+        for w in self._members:
+            w.wake(cause)

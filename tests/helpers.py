@@ -7,7 +7,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgwork import db, materialiser
+from pgwork import db
+from pgwork.duties import materialise as materialiser
 
 
 async def add(

@@ -308,7 +308,7 @@ async def test_a_reminder_held_locked_is_named_in_a_warning_and_a_metric(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from pgwork import materialiser as m
+    from pgwork.duties import materialise as m
 
     monkeypatch.setattr(m, "LOCKED_WARNING", 0.5)
     caplog.set_level(logging.WARNING, logger="pgwork.materialiser")

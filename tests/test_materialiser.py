@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgwork import db, materialiser
+from pgwork import db
+from pgwork.duties import materialise as materialiser
 
 from .helpers import add, materialise, rows, work
 

@@ -15,9 +15,9 @@ import pytest
 
 from pgwork import db
 from pgwork.config import RetentionPolicy
+from pgwork.duties.outcomes import OutcomeWriter, Record
+from pgwork.duties.retention import Retention
 from pgwork.metrics import Metrics
-from pgwork.outcomes import OutcomeWriter, Record
-from pgwork.retention import Retention
 
 from .helpers import add, claim, config, materialise, rows, running, until, webhook_channel, work
 from .receiver import Receiver
@@ -163,7 +163,8 @@ async def _writer_run(dsn: str, records: list[Record]) -> set[tuple[int, int]]:
     pool = db.make_pool(dsn, 2, 5.0)
     await pool.open(wait=True)
     try:
-        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1), on_written=on_written)
+        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1))
+        writer.subscribe("test", on_written)
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(writer.run)

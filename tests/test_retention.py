@@ -12,7 +12,7 @@ import pytest
 
 from pgwork import db
 from pgwork.config import RetentionPolicy
-from pgwork.retention import Retention, RetentionResult
+from pgwork.duties.retention import Retention, RetentionResult
 
 from . import sink
 from .helpers import add, config, count, materialise, rows, running, until

@@ -407,8 +407,8 @@ async def test_drain_waits_for_a_flush_under_way(
     # release would hand back a row whose 'delivered' outcome is about to be written.
     import time as _time
 
+    from pgwork.duties.outcomes import OutcomeWriter, Record
     from pgwork.metrics import Metrics
-    from pgwork.outcomes import OutcomeWriter, Record
 
     await add(conn, "k")
     await materialise(dsn)

@@ -9,10 +9,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import anyio
+from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
-from .db import fetch_one
-from .queries import Q
+from ..db import fetch_one
+from ..queries import Q
+from ..supervise import Next, Supervisor
+from ..waker import Waker, WakerGroup
 
 log = logging.getLogger("pgwork.materialiser")
 
@@ -198,3 +203,58 @@ async def run_once(
         nxt["after_cutoff_s"],
         nxt["id"],
     )
+
+
+class Materialiser:
+    """The materialiser duty: a pass on NOTIFY (the listener wakes ``waker``), on the timed tick
+    (the correctness floor) and on a timer set to the next known occurrence; the delivery loops
+    are woken as soon as a page made rows."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        sup: Supervisor,
+        work_made: WakerGroup,
+        *,
+        tick: float,
+        lookahead: float,
+        page_size: int,
+    ) -> None:
+        self.pool = pool
+        self.sup = sup
+        self.work_made = work_made
+        self.tick = tick
+        self.lookahead = lookahead
+        self.page_size = page_size
+        self.waker = Waker()
+        self.stalls = Stalls()
+
+    async def step(self) -> Next:
+        m = self.sup.metrics
+        async with self.pool.connection() as conn:
+            res = await run_once(
+                conn,
+                lookahead=self.lookahead,
+                page_size=self.page_size,
+                on_made=lambda: self.work_made.wake("local"),
+                progress=lambda: self.sup.health.progress("materialiser"),
+            )
+        locked, busy = self.stalls.result(res, time.monotonic())
+        m.materialiser_locked.set(locked)
+        m.materialiser_busy.set(busy)
+        if res is None:
+            return Next(BUSY_RETRY, "busy")
+        m.materialised.inc(res.made)
+        m.materialiser_cutoff.set(res.cutoff.timestamp())
+        m.materialiser_pass.observe(res.duration)
+        if res.next_after_cutoff is None:
+            return Next(self.tick, "tick")
+        if res.skipped:
+            # An app holds a due reminder's row lock: look again soon, without spinning.
+            return Next(min(self.tick, LOCKED_RETRY), "locked")
+        # Sleep until the next known occurrence enters the look-ahead window (database clock).
+        wait = res.next_after_cutoff
+        return Next(min(self.tick, wait), "timer" if wait < self.tick else "tick")
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.sup.loop("materialiser", self.step, self.waker, task_status=task_status)

@@ -4,13 +4,18 @@ that holds their cost to O(live rows) against a 10M-row table."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
-from .db import fetch_all, fetch_one
-from .metrics import Metrics
+from ..db import fetch_all, fetch_one
+from ..metrics import Metrics
+from ..supervise import Next, Supervisor
 
 
 @dataclass(frozen=True)
@@ -54,3 +59,38 @@ def publish(m: Metrics, r: Reading) -> None:
     m.xmin_horizon_xids.set(r.xmin["age_xids"])
     m.retention_paused.set(1 if r.retention["paused"] else 0)
     m.retention_oldest.set(r.retention["oldest_terminal_age_seconds"] or 0)
+
+
+class Gauges:
+    """The gauges duty: refreshes the database-derived gauges every ``interval`` (so a scrape
+    never runs a query) and the one-line summary systemd shows. Runs only while metrics are on."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        sup: Supervisor,
+        *,
+        interval: float,
+        rows_held: Callable[[], int],
+        listener_up: Callable[[], bool],
+    ) -> None:
+        self.pool = pool
+        self.sup = sup
+        self.interval = interval
+        self.rows_held = rows_held
+        self.listener_up = listener_up
+        self.summary = "running"
+
+    async def step(self) -> Next:
+        async with self.pool.connection() as conn:
+            reading = await read(conn)
+        publish(self.sup.metrics, reading)
+        self.summary = (
+            f"running: {self.rows_held()} rows held, lag {reading.lag['lag_seconds']:.1f}s, "
+            f"{reading.dead_letters} dead letters, "
+            f"listener {'up' if self.listener_up() else 'DOWN'}"
+        )
+        return Next(self.interval, "tick")
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.sup.loop("metrics", self.step, task_status=task_status)

@@ -17,13 +17,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 from psycopg import AsyncConnection, errors
 
-from .config import RetentionPolicy
-from .db import fetch_one
-from .durations import format_duration
-from .metrics import Metrics
-from .queries import Q
+from .. import db
+from ..config import RetentionPolicy
+from ..db import fetch_one
+from ..durations import format_duration
+from ..metrics import Metrics
+from ..queries import Q
+from ..supervise import Next, Supervisor
 
 log = logging.getLogger("pgwork.retention")
 
@@ -157,4 +160,43 @@ class Retention:
             )
         return RetentionResult(
             deleted, ledger, batches, timeouts, longest, largest, paused, stalled, duration
+        )
+
+
+class RetentionDuty:
+    """The retention duty: a pass every ``interval`` on its own connection (``retention.dsn``
+    may name other credentials), with per-batch limits; each batch counts as progress for the
+    watchdog, so a pass over a large backlog is never taken for a stuck one."""
+
+    def __init__(
+        self,
+        dsn: str,
+        policy: RetentionPolicy,
+        sup: Supervisor,
+        *,
+        interval: float,
+        connect_timeout: float,
+    ) -> None:
+        self.dsn = dsn
+        self.sup = sup
+        self.interval = interval
+        self.connect_timeout = connect_timeout
+        self.retention = Retention(policy, sup.metrics)
+
+    async def step(self) -> Next:
+        conn = await db.connect(self.dsn, timeout=self.connect_timeout)
+        try:
+            await self.retention.configure(conn)
+            res = await self.retention.run_once(
+                conn, progress=lambda: self.sup.health.progress("retention")
+            )
+        finally:
+            await conn.close()
+        if not res.paused:
+            self.sup.metrics.retention_last_pass.set_to_current_time()
+        return Next(self.interval, "tick")
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.sup.loop(
+            "retention", self.step, first=Next(1.0, "tick"), task_status=task_status
         )

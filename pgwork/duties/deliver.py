@@ -5,79 +5,27 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections import deque
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from .channels import Channel, Delivered, Delivery, Failed, Outcome, Retry
-from .clock import Clock
-from .config import RetryPolicy
-from .db import fetch_all, fetch_one
-from .metrics import Metrics
+from ..channels import Channel, Delivered, Delivery, Retry
+from ..channels.policy import decide
+from ..clock import Clock
+from ..db import fetch_all, fetch_one
+from ..supervise import Next, Supervisor
+from ..waker import Waker, WakerGroup
+from .leases import Held, Leases
 from .outcomes import OutcomeWriter, Record
-from .supervise import Next
-from .waker import Waker
 
 log = logging.getLogger("pgwork.worker")
-
-
-def backoff_delay(policy: RetryPolicy, attempt: int) -> float:
-    """Full jitter: a random delay in [0, min(cap, base * 2**(attempt-1))]."""
-    ceiling = min(policy.cap, policy.base * 2 ** min(attempt - 1, 60))
-    return random.uniform(0, ceiling)
-
-
-def decide(
-    outcome: Outcome, attempts_used: int, policy: RetryPolicy
-) -> tuple[str, str, float | None, str | None]:
-    """(ledger outcome, new status, retry delay, error) for an attempt's outcome.
-    ``attempts_used`` counts this attempt, relative to the last redrive."""
-    if isinstance(outcome, Delivered):
-        return ("duplicate" if outcome.duplicate else "delivered"), "delivered", None, None
-    if isinstance(outcome, Failed):
-        return "failed", "dead", None, f"permanent failure: {outcome.error}"
-    if attempts_used >= policy.max_attempts:
-        return (
-            "retry",
-            "dead",
-            None,
-            f"attempt budget spent ({attempts_used} attempts); last error: {outcome.error}",
-        )
-    delay = outcome.delay if outcome.delay is not None else backoff_delay(policy, attempts_used)
-    return "retry", "ready", delay, outcome.error
-
-
-@dataclass
-class Held:
-    """A row this daemon holds: claimed, outcome not yet durable."""
-
-    work_id: int
-    lease: int
-    channel: str
-
-
-class Leases:
-    """The claims this daemon holds, by (work id, lease), for heartbeats and for release on
-    shutdown. One row can be held under two leases at once (a lease expired while its delivery
-    was still running, and this daemon claimed the row again): they are two claims."""
-
-    def __init__(self) -> None:
-        self.held: dict[tuple[int, int], Held] = {}
-
-    def add(self, h: Held) -> None:
-        self.held[(h.work_id, h.lease)] = h
-
-    def drop(self, key: tuple[int, int]) -> None:
-        self.held.pop(key, None)
 
 
 class ChannelWorker:
@@ -101,15 +49,18 @@ class ChannelWorker:
         pool: AsyncConnectionPool[AsyncConnection[Any]],
         writer: OutcomeWriter,
         leases: Leases,
-        metrics: Metrics,
+        sup: Supervisor,
         *,
         daemon_id: str,
         lease: float,
         claim_batch: int,
         tick: float,
         clock: Clock | None = None,
+        woken_by: WakerGroup | None = None,
     ) -> None:
         self.channel = channel
+        self.sup = sup
+        metrics = sup.metrics
         self.clock = clock or Clock()
         self.attempt_timeout = channel.config.attempt_timeout
         self.name = channel.config.name
@@ -124,6 +75,9 @@ class ChannelWorker:
         self.claim_batch = claim_batch
         self.tick = tick
         self.waker = Waker()
+        if woken_by is not None:
+            woken_by.add(self.waker)  # rows made (materialiser), NOTIFY (listener)
+        writer.subscribe(self.name, self.settle)
         #: Most rows held at once: one per worker plus two batches, so that a claim can run while
         #: the previous batch's outcomes are being written.
         self.max_held = self.concurrency + 2 * claim_batch
@@ -156,6 +110,13 @@ class ChannelWorker:
     def start_workers(self, tg: TaskGroup) -> None:
         for _ in range(self.concurrency):
             tg.start_soon(self._worker)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The claim loop. It stops cooperatively (``stop_claiming``), so a stop never cancels a
+        claim statement; the delivery workers run in the daemon's work group."""
+        await self.sup.loop(
+            f"claim:{self.name}", self.claim_step, self.waker, task_status=task_status
+        )
 
     def stop_claiming(self) -> None:
         """Claim nothing more (a claim under way finishes; its rows are held, not started)."""
@@ -373,51 +334,3 @@ class ChannelWorker:
         self._m_held.set(self.held)
         if self.max_held - self.held >= max(1, min(self.claim_batch, self.max_held) // 2):
             self.waker.wake("slot")
-
-
-async def heartbeat_step(
-    pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, lease: float
-) -> set[tuple[int, int]]:
-    """Extend the lease of every claim still held; returns the (work id, lease) no longer ours."""
-    held = list(leases.held.values())
-    if not held:
-        return set()
-    async with pool.connection() as conn:
-        rows = await fetch_all(
-            conn,
-            "extend_leases",
-            {
-                "work_id": [h.work_id for h in held],
-                "lease_no": [h.lease for h in held],
-                "lease": timedelta(seconds=lease),
-            },
-        )
-    kept = {(r["id"], r["lease"]) for r in rows}
-    lost = {(h.work_id, h.lease) for h in held} - kept
-    # A claim whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
-    return {k for k in lost if k in leases.held}
-
-
-async def release_all(
-    pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, identity: tuple[str, str, int]
-) -> int:
-    """Give back every row still held, without counting the attempt. Returns how many."""
-    held = list(leases.held.values())
-    if not held:
-        return 0
-    daemon_id, host, pid = identity
-    async with pool.connection() as conn:
-        rows = await fetch_all(
-            conn,
-            "release_leases",
-            {
-                "work_id": [h.work_id for h in held],
-                "lease_no": [h.lease for h in held],
-                "daemon_id": daemon_id,
-                "host": host,
-                "pid": pid,
-            },
-        )
-    for h in held:
-        leases.drop((h.work_id, h.lease))
-    return len(rows)

@@ -14,13 +14,14 @@ from typing import Any
 
 import anyio
 import psycopg
+from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from .db import fetch_all
-from .metrics import Metrics
-from .secrets import Secrets
-from .supervise import Backoff, Health
+from ..db import fetch_all
+from ..metrics import Metrics
+from ..secrets import Secrets
+from ..supervise import Backoff, Health
 
 log = logging.getLogger("pgwork.outcomes")
 
@@ -182,22 +183,29 @@ class OutcomeWriter:
         pool: AsyncConnectionPool[AsyncConnection[Any]],
         metrics: Metrics,
         identity: tuple[str, str, int],
-        on_written: Callable[[list[Record], set[tuple[int, int]]], None] | None = None,
         health: Health | None = None,
         secrets: Secrets | None = None,
     ) -> None:
         self.pool = pool
-        self.secrets = secrets or Secrets()
         self.metrics = metrics
+        self.secrets = secrets or Secrets()
         self.daemon_id, self.host, self.pid = identity
-        self.on_written = on_written
         self.health = health or Health()
+        #: Per channel, who settles its records once they are durable (the channel's worker).
+        self._settlers: dict[str, Callable[[list[Record], set[tuple[int, int]]], None]] = {}
         self._current = _Batch()
         self._waiting: list[_Batch] = []
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
         self._writing = 0
+
+    def subscribe(
+        self, channel: str, settle: Callable[[list[Record], set[tuple[int, int]]], None]
+    ) -> None:
+        """``settle(records, fenced)`` is called with the channel's records once they are
+        durable; ``fenced`` holds the (work id, lease) of those refused as late."""
+        self._settlers[channel] = settle
 
     def pending(self) -> int:
         """Outcomes not yet durable: queued, or in a flush under way."""
@@ -206,8 +214,8 @@ class OutcomeWriter:
         )
 
     def submit(self, rec: Record) -> None:
-        """Queue ``rec``; it is written with the next flush, and ``on_written`` is called with it
-        (and whether it was fenced) once it is durable. The record is cleaned first: nothing a
+        """Queue ``rec``; it is written with the next flush, and its channel's settler is called
+        with it (and whether it was fenced) once it is durable. The record is cleaned first: nothing a
         receiver or a channel returned can make the statement fail."""
         batch = self._current
         batch.records.append(rec.cleaned(self.secrets))
@@ -226,10 +234,11 @@ class OutcomeWriter:
             return b
         return None
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush whatever is pending at once, with up to ``FLUSHES`` flushes under way (batches
         grow while they are); a failed flush is retried until it succeeds."""
         limiter = anyio.Semaphore(self.FLUSHES)
+        task_status.started()
         async with anyio.create_task_group() as tg:
             while True:
                 batch = self._take()
@@ -301,8 +310,13 @@ class OutcomeWriter:
                         "channel": r.channel,
                     },
                 )
-        if self.on_written is not None:
-            self.on_written(batch.records, fenced)
+        by_channel: dict[str, list[Record]] = {}
+        for r in batch.records:
+            by_channel.setdefault(r.channel, []).append(r)
+        for channel, records in by_channel.items():
+            settle = self._settlers.get(channel)
+            if settle is not None:
+                settle(records, fenced)
 
     async def _write_split(self, rs: list[Record]) -> set[tuple[int, int]]:
         try:

@@ -1,0 +1,116 @@
+"""What a delivery is and what a channel may answer: the types every channel and the claim loop
+share. A channel gets a :class:`Delivery` and answers :class:`Delivered`, :class:`Retry` or
+:class:`Failed`; the ``operation_id`` is the same on every attempt of an occurrence."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import cached_property
+from typing import Any, Protocol
+from uuid import UUID
+
+from ..config import ChannelConfig
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One attempt to deliver one reminder occurrence."""
+
+    work_id: int
+    #: Stable idempotency key of the occurrence (same on every attempt and after redrive).
+    operation_id: UUID
+    source: str
+    business_key: str
+    #: The reminder's deadline.
+    deadline: datetime
+    #: How long before the deadline this send is (``timedelta(0)``: at the deadline).
+    occurrence: timedelta
+    #: When this occurrence was due (deadline minus occurrence).
+    due_at: datetime
+    channel: str
+    recipient: str
+    #: The payload as the database stores it (JSON text): numbers exactly as written, never
+    #: round-tripped through floats. Webhooks receive this text as it is.
+    payload_json: str
+    #: 1 for the first attempt; counts reclaims after an expired lease too.
+    attempt: int
+
+    @cached_property
+    def payload(self) -> dict[str, Any]:
+        """The payload decoded (numbers become ints and floats). :raises PayloadError: when it
+        cannot be decoded."""
+        try:
+            value = json.loads(self.payload_json)
+        except (ValueError, RecursionError) as e:
+            raise PayloadError(f"payload cannot be decoded: {type(e).__name__}") from None
+        if not isinstance(value, dict):
+            raise PayloadError("payload is not a JSON object")
+        return value
+
+    def document_json(self) -> str:
+        """The JSON document a webhook receives, as text; the payload is spliced in as stored."""
+        head = json.dumps(
+            {
+                "operation_id": str(self.operation_id),
+                "source": self.source,
+                "business_key": self.business_key,
+                "deadline": self.deadline.isoformat(),
+                "occurrence_seconds": self.occurrence.total_seconds(),
+                "due_at": self.due_at.isoformat(),
+                "channel": self.channel,
+                "recipient": self.recipient,
+                "attempt": self.attempt,
+            },
+            separators=(",", ":"),
+        )
+        return f'{head[:-1]},"payload":{self.payload_json}}}'
+
+    def document(self) -> dict[str, Any]:
+        """The webhook document decoded (for logs and tests)."""
+        doc: dict[str, Any] = json.loads(self.document_json())
+        return doc
+
+
+class PayloadError(Exception):
+    """A stored payload that cannot be decoded (a python channel's delivery fails for good)."""
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """The receiver has it. ``duplicate``: it said it already had it (e.g. HTTP 409)."""
+
+    receipt: Any = None
+    duplicate: bool = False
+    http_status: int | None = None
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Try again later: after ``delay`` seconds if given (e.g. Retry-After), else with backoff."""
+
+    error: str = ""
+    delay: float | None = None
+    http_status: int | None = None
+    error_class: str = "Retry"
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Permanent failure: the occurrence goes to the dead-letter state at once."""
+
+    error: str = ""
+    http_status: int | None = None
+    error_class: str = "Failed"
+
+
+Outcome = Delivered | Retry | Failed
+
+
+class Channel(Protocol):
+    config: ChannelConfig
+
+    async def deliver(self, d: Delivery) -> Outcome: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,146 @@
+"""Leases: the claims this daemon holds, by (work id, lease); the heartbeat duty that extends
+them (and keeps this daemon's row, and its view of the database's clock, current); and their
+release on shutdown."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from ..clock import Clock
+from ..db import fetch_all
+from ..queries import Q
+from ..supervise import Next, Supervisor
+
+log = logging.getLogger("pgwork.leases")
+
+
+@dataclass
+class Held:
+    """A row this daemon holds: claimed, outcome not yet durable."""
+
+    work_id: int
+    lease: int
+    channel: str
+
+
+class Leases:
+    """The claims this daemon holds, by (work id, lease), for heartbeats and for release on
+    shutdown. One row can be held under two leases at once (a lease expired while its delivery
+    was still running, and this daemon claimed the row again): they are two claims."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[int, int], Held] = {}
+
+    def add(self, h: Held) -> None:
+        self.held[(h.work_id, h.lease)] = h
+
+    def drop(self, key: tuple[int, int]) -> None:
+        self.held.pop(key, None)
+
+
+async def heartbeat_step(
+    pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, lease: float
+) -> set[tuple[int, int]]:
+    """Extend the lease of every claim still held; returns the (work id, lease) no longer ours."""
+    held = list(leases.held.values())
+    if not held:
+        return set()
+    async with pool.connection() as conn:
+        rows = await fetch_all(
+            conn,
+            "extend_leases",
+            {
+                "work_id": [h.work_id for h in held],
+                "lease_no": [h.lease for h in held],
+                "lease": timedelta(seconds=lease),
+            },
+        )
+    kept = {(r["id"], r["lease"]) for r in rows}
+    lost = {(h.work_id, h.lease) for h in held} - kept
+    # A claim whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
+    return {k for k in lost if k in leases.held}
+
+
+async def release_all(
+    pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, identity: tuple[str, str, int]
+) -> int:
+    """Give back every row still held, without counting the attempt. Returns how many."""
+    held = list(leases.held.values())
+    if not held:
+        return 0
+    daemon_id, host, pid = identity
+    async with pool.connection() as conn:
+        rows = await fetch_all(
+            conn,
+            "release_leases",
+            {
+                "work_id": [h.work_id for h in held],
+                "lease_no": [h.lease for h in held],
+                "daemon_id": daemon_id,
+                "host": host,
+                "pid": pid,
+            },
+        )
+    for h in held:
+        leases.drop((h.work_id, h.lease))
+    return len(rows)
+
+
+class Heartbeat:
+    """The heartbeat duty, every lease/3: extend every held lease (a lease lost meanwhile is
+    logged; its late outcome will be fenced), refresh this daemon's row with its listener state,
+    forget daemons silent for long, and re-read the database's clock."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        leases: Leases,
+        sup: Supervisor,
+        *,
+        lease: float,
+        daemon_id: str,
+        clock: Clock,
+        listener_up: Callable[[], bool],
+    ) -> None:
+        self.pool = pool
+        self.leases = leases
+        self.sup = sup
+        self.lease = lease
+        self.daemon_id = daemon_id
+        self.clock = clock
+        self.listener_up = listener_up
+
+    @property
+    def every(self) -> float:
+        """Seconds between heartbeats: three per lease."""
+        return self.lease / 3
+
+    async def step(self) -> Next:
+        for work_id, lease in await heartbeat_step(self.pool, self.leases, self.lease):
+            log.warning(
+                "lease lost while delivering (another worker may take the row)",
+                extra={"work_id": work_id, "lease": lease},
+            )
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                Q["daemon_heartbeat"], {"id": self.daemon_id, "listener_up": self.listener_up()}
+            )
+            gone = await fetch_all(conn, "daemons_forget_gone")
+            await self.clock.sync(conn)
+        for g in gone:
+            log.info("forgot daemon %s: no heartbeat for long", g["id"], extra={"gone": g["id"]})
+        return Next(self.every, "tick")
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.sup.loop(
+            "heartbeat", self.step, first=Next(self.every, "tick"), task_status=task_status
+        )

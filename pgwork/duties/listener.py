@@ -1,0 +1,120 @@
+"""Listener duty: one dedicated LISTEN connection (outside the pool) that turns NOTIFY into
+in-process wake-ups. It is only ever a hint: every loop also has its timed tick."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from psycopg import AsyncConnection
+
+from .. import db
+from ..queries import Q
+from ..supervise import Next, Supervisor
+from ..waker import Waker, WakerGroup
+
+log = logging.getLogger("pgwork.listener")
+
+#: The NOTIFY channels: reminders written (materialiser) and work rows made (delivery loops).
+REMINDER_CHANNEL = "pgwork_reminder"
+WORK_CHANNEL = "pgwork_work"
+CHANNELS = (REMINDER_CHANNEL, WORK_CHANNEL)
+
+
+class Listener:
+    """One pass = one connection's life: connect, refuse a standby, LISTEN, wake everyone once
+    (notifications sent while away are lost), then turn notifications into wake-ups, pinging
+    through silences. A connection lost after it listened ends the pass normally (reconnect at
+    once); one that cannot be made or refuses fails it (backoff, cut short by a revival)."""
+
+    #: Seconds of silence before the connection is pinged.
+    PING_INTERVAL = 10.0
+
+    def __init__(
+        self,
+        dsn: str,
+        sup: Supervisor,
+        materialiser: Waker,
+        workers: WakerGroup,
+        *,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.dsn = dsn
+        self.sup = sup
+        self.materialiser = materialiser
+        self.workers = workers
+        self.connect_timeout = connect_timeout
+        self.up = False
+        self._first = anyio.Event()
+
+    def _set_up(self, up: bool) -> None:
+        self.up = up
+        self.sup.metrics.listener_up.set(1 if up else 0)
+
+    async def step(self) -> Next:
+        try:
+            return await self._connection()
+        finally:
+            self._first.set()  # the first attempt is over, whichever way
+
+    async def _connection(self) -> Next:
+        conn = await db.connect(
+            self.dsn,
+            timeout=self.connect_timeout,
+            keepalives=1,
+            keepalives_idle=30,
+            keepalives_interval=10,
+            keepalives_count=3,
+        )
+        try:
+            if (await db.fetch_one(conn, "is_standby"))["standby"]:
+                raise RuntimeError(
+                    "connected to a standby (pg_is_in_recovery); NOTIFY does not reach it"
+                )
+            await conn.execute(Q["listen"])
+            self._set_up(True)
+            self._first.set()
+            log.info("listening", extra={"duty": "listener", "channels": list(CHANNELS)})
+            self.materialiser.wake("reconnect")
+            self.workers.wake("reconnect")
+            try:
+                await self._listen(conn)
+            except Exception as e:  # lost after listening: reconnect at once
+                log.warning(
+                    "listener connection lost; reconnecting: %s",
+                    db.redact(str(e)),
+                    extra={"duty": "listener", "error_class": type(e).__name__},
+                )
+            return Next(0, "reconnect")
+        finally:
+            self._set_up(False)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await conn.close()
+
+    async def _listen(self, conn: AsyncConnection[Any]) -> None:
+        # Waiting for notifications is not a pass in progress: the watchdog must not count it
+        # (a hung ping is bounded by fail_after below).
+        self.sup.health.end("listener")
+        while True:
+            got = False
+            async for n in conn.notifies(timeout=self.PING_INTERVAL):
+                got = True
+                if n.channel == REMINDER_CHANNEL:
+                    self.materialiser.wake("notify")
+                else:
+                    self.workers.wake("notify")
+            if not got:
+                # Silence: make sure the connection is still alive.
+                with anyio.fail_after(self.connect_timeout):
+                    await conn.execute(Q["ping"])
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Started once the first connection attempt is over (listening, or failed and backing
+        off): readiness waits for it, but never hangs on a listener that cannot connect."""
+        self._set_up(False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.sup.loop, "listener", self.step)
+            await self._first.wait()
+            task_status.started()
