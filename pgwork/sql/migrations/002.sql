@@ -168,7 +168,12 @@ BEGIN
     -- already made for this deadline are kept by ON CONFLICT, ones retention retired by their
     -- tombstones. Ranges and counts are CHECK constraints (cheaper than checking here).
     IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
-        IF NEW.due_local IS NULL AND NEW.remind_before = '{0}' THEN
+        -- Exactly {0}: '1 mon -30 days' compares equal to 0 as an interval, so '=' is not enough.
+        IF NEW.due_local IS NULL AND cardinality(NEW.remind_before) = 1
+           AND array_ndims(NEW.remind_before) = 1 AND NEW.remind_before[1] = '0'
+           AND extract(year FROM NEW.remind_before[1]) = 0
+           AND extract(month FROM NEW.remind_before[1]) = 0
+           AND extract(day FROM NEW.remind_before[1]) = 0 THEN
             NEW.next_fire_at := NULL;  -- the common case: one send, at the deadline (due_at)
         ELSE
             IF array_ndims(NEW.remind_before) > 1 THEN
@@ -208,7 +213,9 @@ DROP TRIGGER reminder_before_update ON pgwork.reminder;
 CREATE TRIGGER reminder_before_insert
     BEFORE INSERT ON pgwork.reminder FOR EACH ROW
     WHEN (NEW.due_at IS NULL OR NEW.due_local IS NOT NULL OR NEW.due_tz IS NOT NULL
-          OR NEW.remind_before IS DISTINCT FROM '{0}'::interval[] OR NEW.next_fire_at IS NOT NULL
+          -- Compared as text: as intervals, '{1 mon -30 days}' equals '{0}'. (Another
+          -- IntervalStyle spells 0 differently and only takes the slower, equally right path.)
+          OR NEW.remind_before::text <> '{00:00:00}' OR NEW.next_fire_at IS NOT NULL
           OR octet_length(NEW.payload::text) > 128)
     EXECUTE FUNCTION pgwork.reminder_before_write();
 CREATE TRIGGER reminder_before_update
