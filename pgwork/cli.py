@@ -97,7 +97,8 @@ def _with_conn(dsn: str, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[
 
 
 def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
-    from .daemon import Daemon, serve
+    from .daemon import Daemon
+    from .service import serve
 
     database = Database(cfg)
     try:

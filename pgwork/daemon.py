@@ -11,24 +11,21 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from prometheus_client import start_http_server
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import __version__, db, logs
 from .channels import Channel, make_channel
 from .clock import Clock
-from .config import Config, ConfigError
+from .config import Config
 from .duties.deliver import ChannelWorker
 from .duties.gauges import Gauges
 from .duties.leases import Heartbeat, Leases, release_all
@@ -36,11 +33,10 @@ from .duties.listener import Listener
 from .duties.materialise import Materialiser
 from .duties.outcomes import OutcomeWriter
 from .duties.retention import RetentionDuty
-from .metrics import Metrics
+from .metrics import Metrics, serve_metrics
 from .queries import Q
 from .secrets import Secrets
-from .supervise import Backoff, Supervisor
-from .systemd import Notifier
+from .supervise import Supervisor
 from .waker import WakerGroup
 
 log = logging.getLogger("pgwork.daemon")
@@ -100,81 +96,50 @@ class Daemon:
 
     # -- startup ---------------------------------------------------------------------------
 
-    async def _wait_for_database(self) -> bool:
-        """Wait until the database answers (retrying with backoff, logging each failure) and
-        check its schema. Returns False when a stop was requested meanwhile."""
-        backoff = Backoff()
-        while not self._stop_requested:
-            try:
-                conn = await db.connect(self.dsn, timeout=self.cfg.connect_timeout)
-            except Exception as e:
-                delay = backoff.next()
-                log.error(
-                    "database unreachable (%s); retrying in %.1fs: %s",
-                    db.describe(self.dsn),
-                    delay,
-                    db.redact(str(e)).strip(),
-                    extra={"error_class": type(e).__name__},
-                )
-                self._state = f"waiting for the database ({db.describe(self.dsn)})"
-                with anyio.move_on_after(delay):
-                    await self._stop_level(1)
-                continue
-            try:
-                await db.check_schema(conn)
-            finally:
-                await conn.close()
-            return True
-        return False
-
     async def _prepare(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+        """Make the configured channels known (reminders naming them are accepted) and read the
+        database's clock."""
         names = list(self.cfg.channels)
         async with pool.connection() as conn, conn.transaction():
             await conn.execute(
                 Q["register_channels"],
                 {"names": names, "kinds": [self.cfg.channels[n].kind for n in names]},
             )
-            daemon_id, host, pid = self.identity
-            await conn.execute(
-                Q["daemon_register"],
-                {
-                    "id": daemon_id,
-                    "host": host,
-                    "pid": pid,
-                    "version": __version__,
-                    "heartbeat_every": timedelta(seconds=self.cfg.lease / 3),
-                },
-            )
         async with pool.connection() as conn:
             await self.clock.sync(conn)
         self.clock.warn_if_skewed()
-
-    def _start_metrics_server(self) -> Any:
-        if not self.cfg.metrics_enabled:
-            return None
-        host, _, port = self.cfg.metrics_listen.rpartition(":")
-        try:
-            server, _thread = start_http_server(
-                int(port), host or "127.0.0.1", self.metrics.registry
-            )
-        except (OSError, ValueError, OverflowError) as e:
-            raise ConfigError(
-                f"metrics.listen: cannot serve on {self.cfg.metrics_listen!r}: {e}"
-            ) from None
-        log.info("metrics on http://%s/metrics", self.cfg.metrics_listen)
-        return server
 
     # -- run -------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
-            if not await self._wait_for_database():
+            stop = anyio.Event()
+
+            def waiting() -> None:
+                self._state = f"waiting for the database ({db.describe(self.dsn)})"
+
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_request() -> None:
+                    await self._stop_level(1)
+                    stop.set()
+
+                tg.start_soon(stop_on_request)
+                reachable = await db.wait_until_reachable(
+                    self.dsn, timeout=self.cfg.connect_timeout, stop=stop, on_failure=waiting
+                )
+                tg.cancel_scope.cancel()
+            if not reachable:
                 task_status.started()
                 return
             channels: dict[str, Channel] = {
                 n: make_channel(c) for n, c in self.cfg.channels.items()
             }
-            server = self._start_metrics_server()
+            server = (
+                serve_metrics(self.metrics.registry, self.cfg.metrics_listen)
+                if self.cfg.metrics_enabled
+                else None
+            )
             pool = db.make_pool(self.dsn, self.cfg.pool_size, self.cfg.connect_timeout)
             await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
             try:
@@ -184,9 +149,6 @@ class Daemon:
                 with anyio.CancelScope(shield=True):
                     for ch in channels.values():
                         await ch.aclose()
-                    with anyio.move_on_after(5):
-                        async with pool.connection() as conn:
-                            await conn.execute(Q["daemon_unregister"], {"id": self.daemon_id})
                     await pool.close(timeout=5)
                     if server is not None:
                         server.shutdown()
@@ -233,7 +195,7 @@ class Daemon:
             leases,
             sup,
             lease=cfg.lease,
-            daemon_id=self.daemon_id,
+            identity=self.identity,
             clock=self.clock,
             listener_up=lambda: listener.up,
         )
@@ -354,53 +316,3 @@ class Daemon:
     async def _probe(self, timeout: float) -> None:
         conn = await db.connect(self.dsn, timeout=timeout)
         await conn.close()
-
-
-async def watchdog(daemon: Daemon, notifier: Notifier) -> None:
-    """Feed the systemd watchdog at half its timeout, only while no pass is stuck; keep the
-    STATUS= line current."""
-    timeout = notifier.watchdog_timeout
-    interval = timeout / 2 if timeout else 5.0
-    complained = False
-    while True:
-        notifier.status(daemon.summary)
-        if timeout:
-            stuck = daemon.sup.health.stuck(timeout)
-            if not stuck:
-                notifier.watchdog()
-                complained = False
-            elif not complained:
-                complained = True
-                log.error(
-                    "not feeding the watchdog: %s",
-                    ", ".join(f"{n} stuck for {s:.0f}s" for n, s in stuck),
-                    extra={"stuck": [n for n, _ in stuck]},
-                )
-        await anyio.sleep(interval)
-
-
-async def serve(daemon: Daemon, *, signals: bool = True, notifier: Notifier | None = None) -> None:
-    """Run ``daemon`` until SIGTERM/SIGINT (or ``request_stop``) ends it, speaking sd_notify."""
-    notifier = notifier or Notifier()
-    try:
-        async with anyio.create_task_group() as tg:
-            if signals:
-
-                async def on_signals() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-                        async for signum in sigs:
-                            log.info("received %s", signal.Signals(signum).name)
-                            notifier.stopping()
-                            daemon.request_stop()
-
-                tg.start_soon(on_signals)
-            notifier.status("starting: connecting to the database")
-            await tg.start(daemon.run)
-            if daemon.ready.is_set():
-                notifier.ready(f"running: daemon {daemon.daemon_id}")
-                tg.start_soon(watchdog, daemon, notifier)
-            await daemon.finished.wait()
-            notifier.stopping("stopped")
-            tg.cancel_scope.cancel()
-    finally:
-        notifier.close()

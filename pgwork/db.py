@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -83,6 +85,42 @@ def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncC
         reconnect_timeout=0,
         name="pgwork",
     )
+
+
+async def wait_until_reachable(
+    dsn: str, *, timeout: float, stop: anyio.Event, on_failure: Callable[[], None] | None = None
+) -> bool:
+    """Wait until the database answers (retrying with backoff, logging each failure) and check
+    its schema. Returns False when ``stop`` is set first.
+
+    :raises SchemaError: when the schema is missing, older or newer than this code.
+    """
+    from .supervise import Backoff
+
+    backoff = Backoff()
+    while not stop.is_set():
+        try:
+            conn = await connect(dsn, timeout=timeout)
+        except Exception as e:
+            delay = backoff.next()
+            log.error(
+                "database unreachable (%s); retrying in %.1fs: %s",
+                describe(dsn),
+                delay,
+                redact(str(e)).strip(),
+                extra={"error_class": type(e).__name__},
+            )
+            if on_failure is not None:
+                on_failure()
+            with anyio.move_on_after(delay):
+                await stop.wait()
+            continue
+        try:
+            await check_schema(conn)
+        finally:
+            await conn.close()
+        return True
+    return False
 
 
 async def schema_version(conn: AsyncConnection[Any]) -> int | None:

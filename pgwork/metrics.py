@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import logging
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .config import ConfigError
+
+log = logging.getLogger("pgwork.metrics")
 
 _LATENESS_BUCKETS = (
     0.005,
@@ -217,3 +224,15 @@ class Metrics:
             "Transaction-id age of the oldest xmin holding back vacuum (sessions and replication slots).",
             registry=r,
         )
+
+
+def serve_metrics(registry: CollectorRegistry, listen: str) -> Any:
+    """Serve ``registry`` on ``listen`` (HOST:PORT) from a thread; returns the server (its
+    ``shutdown()`` stops it). :raises ConfigError: naming ``metrics.listen`` when it cannot."""
+    host, _, port = listen.rpartition(":")
+    try:
+        server, _thread = start_http_server(int(port), host or "127.0.0.1", registry)
+    except (OSError, ValueError, OverflowError) as e:
+        raise ConfigError(f"metrics.listen: cannot serve on {listen!r}: {e}") from None
+    log.info("metrics on http://%s/metrics", listen)
+    return server

@@ -15,6 +15,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from .. import __version__
 from ..clock import Clock
 from ..db import fetch_all
 from ..queries import Q
@@ -107,7 +108,7 @@ class Heartbeat:
         sup: Supervisor,
         *,
         lease: float,
-        daemon_id: str,
+        identity: tuple[str, str, int],
         clock: Clock,
         listener_up: Callable[[], bool],
     ) -> None:
@@ -115,7 +116,8 @@ class Heartbeat:
         self.leases = leases
         self.sup = sup
         self.lease = lease
-        self.daemon_id = daemon_id
+        self.identity = identity
+        self.daemon_id = identity[0]
         self.clock = clock
         self.listener_up = listener_up
 
@@ -141,6 +143,24 @@ class Heartbeat:
         return Next(self.every, "tick")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await self.sup.loop(
-            "heartbeat", self.step, first=Next(self.every, "tick"), task_status=task_status
-        )
+        """Registers this daemon's row, heartbeats until cancelled, then removes the row."""
+        daemon_id, host, pid = self.identity
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                Q["daemon_register"],
+                {
+                    "id": daemon_id,
+                    "host": host,
+                    "pid": pid,
+                    "version": __version__,
+                    "heartbeat_every": timedelta(seconds=self.every),
+                },
+            )
+        try:
+            await self.sup.loop(
+                "heartbeat", self.step, first=Next(self.every, "tick"), task_status=task_status
+            )
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                async with self.pool.connection() as conn:
+                    await conn.execute(Q["daemon_unregister"], {"id": self.daemon_id})

@@ -1,0 +1,64 @@
+"""The process around the daemon: SIGTERM/SIGINT become stop requests, and systemd hears READY,
+STATUS, WATCHDOG (fed only while every running pass makes progress) and STOPPING."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import anyio
+
+from .daemon import Daemon
+from .systemd import Notifier
+
+log = logging.getLogger("pgwork.service")
+
+
+async def watchdog(daemon: Daemon, notifier: Notifier) -> None:
+    """Feed the systemd watchdog at half its timeout, only while no pass is stuck; keep the
+    STATUS= line current."""
+    timeout = notifier.watchdog_timeout
+    interval = timeout / 2 if timeout else 5.0
+    complained = False
+    while True:
+        notifier.status(daemon.summary)
+        if timeout:
+            stuck = daemon.sup.health.stuck(timeout)
+            if not stuck:
+                notifier.watchdog()
+                complained = False
+            elif not complained:
+                complained = True
+                log.error(
+                    "not feeding the watchdog: %s",
+                    ", ".join(f"{n} stuck for {s:.0f}s" for n, s in stuck),
+                    extra={"stuck": [n for n, _ in stuck]},
+                )
+        await anyio.sleep(interval)
+
+
+async def serve(daemon: Daemon, *, signals: bool = True, notifier: Notifier | None = None) -> None:
+    """Run ``daemon`` until SIGTERM/SIGINT (or ``request_stop``) ends it, speaking sd_notify."""
+    notifier = notifier or Notifier()
+    try:
+        async with anyio.create_task_group() as tg:
+            if signals:
+
+                async def on_signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+                        async for signum in sigs:
+                            log.info("received %s", signal.Signals(signum).name)
+                            notifier.stopping()
+                            daemon.request_stop()
+
+                tg.start_soon(on_signals)
+            notifier.status("starting: connecting to the database")
+            await tg.start(daemon.run)
+            if daemon.ready.is_set():
+                notifier.ready(f"running: daemon {daemon.daemon_id}")
+                tg.start_soon(watchdog, daemon, notifier)
+            await daemon.finished.wait()
+            notifier.stopping("stopped")
+            tg.cancel_scope.cancel()
+    finally:
+        notifier.close()
