@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
@@ -20,11 +21,10 @@ import anyio
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from . import __version__, db, logs
+from . import __version__, db, logs, store
 from .config import Config, ConfigError, load
 from .durations import parse_duration
 from .embedded import EmbeddedError, LocalServer, wheel_bin_dir
-from .queries import Q
 from .secrets import Secrets
 
 log = logging.getLogger("pgwork.cli")
@@ -199,18 +199,17 @@ BACKLOG_COUNT_LIMIT = 100_000
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
         await db.check_schema(conn)
-        now = (await db.fetch_one(conn, "db_now"))["now"]
+        now = await store.db_now(conn)
+        # Shown as they are: rows become plain mappings for the table and JSON printers.
         return {
-            "work": await db.fetch_all(conn, "work_states"),
-            "lag": await db.fetch_one(conn, "lag"),
-            "materialiser": await db.fetch_one(conn, "materialiser_state"),
-            "daemons": await db.fetch_all(conn, "daemons"),
-            "retention": await db.fetch_one(conn, "retention_state"),
-            "retention_backlog": (
-                await db.fetch_one(
-                    conn, "retention_backlog", {**_cutoffs(cfg, now), "limit": BACKLOG_COUNT_LIMIT}
-                )
-            )["n"],
+            "work": [asdict(r) for r in await store.work_states(conn)],
+            "lag": asdict(await store.lag(conn)),
+            "materialiser": asdict(await store.materialiser_state(conn)),
+            "daemons": [asdict(r) for r in await store.daemons(conn)],
+            "retention": asdict(await store.retention_state(conn)),
+            "retention_backlog": await store.retention_backlog(
+                conn, **_cutoffs(cfg, now), limit=BACKLOG_COUNT_LIMIT
+            ),
         }
 
     database = Database(cfg)
@@ -283,7 +282,7 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
     async def go(conn: psycopg.AsyncConnection[Any]) -> str:
         await db.check_schema(conn)
         if args.pause or args.resume:
-            await conn.execute(Q["retention_set_paused"], {"paused": bool(args.pause)})
+            await store.retention_set_paused(conn, paused=bool(args.pause))
             return (
                 "retention paused (every daemon stops at its next batch)"
                 if args.pause
@@ -326,16 +325,14 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
         older = timedelta(seconds=args.older_than) if args.older_than is not None else None
 
         async def lst(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            return await db.fetch_all(
+            got = await store.dlq_list(
                 conn,
-                "dlq_list",
-                {
-                    "channel": args.channel,
-                    "source": args.source,
-                    "older_than": older,
-                    "limit": args.limit,
-                },
+                channel=args.channel,
+                source=args.source,
+                older_than=older,
+                limit=args.limit,
             )
+            return [asdict(r) for r in got]
 
         rows = _with_conn(dsn, lst)
         if args.json:
@@ -365,8 +362,8 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
             conn: psycopg.AsyncConnection[Any],
         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             return (
-                await db.fetch_all(conn, "work_get", {"id": args.id}),
-                await db.fetch_all(conn, "work_attempts", {"id": args.id}),
+                await store.work_get(conn, id=args.id),
+                await store.work_attempts(conn, id=args.id),
             )
 
         work, attempts = _with_conn(dsn, show)
@@ -401,26 +398,23 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
         raise CliError("dlq redrive needs work ids or --all", 2)
     operator = f"{getpass.getuser()}@{socket.gethostname()}"
 
-    async def redrive(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-        return await db.fetch_all(
+    async def redrive(conn: psycopg.AsyncConnection[Any]) -> list[store.Redriven]:
+        return await store.dlq_redrive(
             conn,
-            "dlq_redrive",
-            {
-                "all": bool(args.all),
-                "ids": args.ids or [],
-                "channel": args.channel,
-                "operator": operator,
-            },
+            all=bool(args.all),
+            ids=args.ids or [],
+            channel=args.channel,
+            operator=operator,
         )
 
-    rows = _with_conn(dsn, redrive)
-    found = {r["id"] for r in rows}
-    ok = [r["id"] for r in rows if r["verdict"] == "ok"]
-    refused = [r for r in rows if r["verdict"] != "ok"]
+    verdicts: list[store.Redriven] = _with_conn(dsn, redrive)
+    found = {r.id for r in verdicts}
+    ok = [r.id for r in verdicts if r.verdict == "ok"]
+    refused = [r for r in verdicts if r.verdict != "ok"]
     for r in refused:
         print(
-            f"pgwork: not redriven: work {r['id']} belongs to a {r['verdict']} reminder "
-            f"({'deleted' if r['verdict'] == 'cancelled' else 'its deadline moved'}); it must not be sent",
+            f"pgwork: not redriven: work {r.id} belongs to a {r.verdict} reminder "
+            f"({'deleted' if r.verdict == 'cancelled' else 'its deadline moved'}); it must not be sent",
             file=sys.stderr,
         )
     for i in args.ids or []:

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from .db import fetch_one
+from . import store
 
 log = logging.getLogger("pgwork.clock")
 
@@ -38,7 +38,7 @@ class Clock:
     async def sync(self, conn: AsyncConnection[Any]) -> float:
         """Read the database's clock; returns the skew (database minus host), seconds."""
         t0 = time.monotonic()
-        db_now = (await fetch_one(conn, "db_now"))["now"]
+        db_now = await store.db_now(conn)
         t1 = time.monotonic()
         host_now = datetime.now(UTC) - timedelta(seconds=(t1 - t0) / 2)
         self._mono, self._db = (t0 + t1) / 2, db_now

@@ -22,7 +22,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, db, logs
+from . import __version__, db, logs, store
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config
@@ -34,7 +34,6 @@ from .duties.materialise import Materialiser
 from .duties.outcomes import OutcomeWriter
 from .duties.retention import RetentionDuty
 from .metrics import Metrics, serve_metrics
-from .queries import Q
 from .secrets import Secrets
 from .supervise import Supervisor
 from .waker import WakerGroup
@@ -101,9 +100,8 @@ class Daemon:
         database's clock."""
         names = list(self.cfg.channels)
         async with pool.connection() as conn, conn.transaction():
-            await conn.execute(
-                Q["register_channels"],
-                {"names": names, "kinds": [self.cfg.channels[n].kind for n in names]},
+            await store.register_channels(
+                conn, names=names, kinds=[self.cfg.channels[n].kind for n in names]
             )
         async with pool.connection() as conn:
             await self.clock.sync(conn)

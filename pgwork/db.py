@@ -11,11 +11,10 @@ import anyio
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import SCHEMA_VERSION
-from .queries import Q, migration_sql, schema_sql
+from . import SCHEMA_VERSION, store
+from .queries import migration_sql, schema_sql
 
 log = logging.getLogger("pgwork.db")
 
@@ -124,9 +123,9 @@ async def wait_until_reachable(
 
 
 async def schema_version(conn: AsyncConnection[Any]) -> int | None:
-    if not (await fetch_one(conn, "schema_installed"))["installed"]:
+    if not await store.schema_installed(conn):
         return None
-    return int((await fetch_one(conn, "schema_version"))["version"])
+    return await store.schema_version(conn)
 
 
 async def check_schema(conn: AsyncConnection[Any]) -> None:
@@ -153,7 +152,7 @@ async def migrate(conn: AsyncConnection[Any]) -> str:
     :raises SchemaError: when the database is newer than the code.
     """
     async with conn.transaction():
-        await conn.execute(Q["migrate_lock"])
+        await store.migrate_lock(conn)
         v = await schema_version(conn)
         if v is None:
             await conn.execute(schema_sql())
@@ -164,25 +163,8 @@ async def migrate(conn: AsyncConnection[Any]) -> str:
                 f"(version {SCHEMA_VERSION}); refusing to touch it"
             )
         if v == SCHEMA_VERSION:
-            await conn.execute(Q["time_zones_refresh"])
+            await store.time_zones_refresh(conn)
             return f"pgwork schema already at version {v}"
         for step in range(v + 1, SCHEMA_VERSION + 1):
             await conn.execute(migration_sql(step))
         return f"upgraded pgwork schema from version {v} to {SCHEMA_VERSION}"
-
-
-async def fetch_all(
-    conn: AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q[name], params or {})
-        return await cur.fetchall()
-
-
-async def fetch_one(
-    conn: AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    rows = await fetch_all(conn, name, params)
-    if len(rows) != 1:
-        raise RuntimeError(f"{name}: expected one row, got {len(rows)}")
-    return rows[0]

@@ -33,6 +33,18 @@ async def add(
     return int(row[0])
 
 
+async def statement(
+    conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One of pgwork's named statements, run by name with rows as dicts: for tests that probe a
+    statement directly (pgwork itself goes through the typed ``pgwork.store``)."""
+    from pgwork.queries import Q
+
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q[name], params or {})
+        return await cur.fetchall()
+
+
 async def rows(
     conn: psycopg.AsyncConnection[Any], sql: str, params: Any = None
 ) -> list[dict[str, Any]]:
@@ -66,7 +78,7 @@ async def claim(
     from datetime import timedelta
 
     async with await db.connect(dsn) as c:
-        return await db.fetch_all(
+        return await statement(
             c,
             "claim_work",
             {

@@ -19,7 +19,18 @@ from pgwork.duties.outcomes import OutcomeWriter, Record
 from pgwork.duties.retention import Retention
 from pgwork.metrics import Metrics
 
-from .helpers import add, claim, config, materialise, rows, running, until, webhook_channel, work
+from .helpers import (
+    add,
+    claim,
+    config,
+    materialise,
+    rows,
+    running,
+    statement,
+    until,
+    webhook_channel,
+    work,
+)
 from .receiver import Receiver
 
 pytestmark = pytest.mark.anyio
@@ -40,7 +51,7 @@ def _outcome(work_id: int, lease: int, status: str, outcome: str | None = None) 
 
 async def _record(dsn: str, outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     async with await db.connect(dsn) as c:
-        return await db.fetch_all(
+        return await statement(
             c,
             "record_outcomes",
             {"outcomes": json.dumps(outcomes), "daemon_id": "d", "host": "h", "pid": 1},

@@ -365,3 +365,20 @@ async def test_app_role_can_schedule_move_cancel_and_nothing_else(
     finally:
         await conn.execute(f"DROP OWNED BY {app}")
         await conn.execute(f"DROP ROLE {app}")
+
+
+def test_every_named_statement_has_one_typed_function() -> None:
+    """pgwork.store binds each statement of queries.sql once; the package calls nothing else."""
+    import inspect
+
+    from pgwork import store
+    from pgwork.queries import Q
+
+    bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
+    # materialise_async_commit runs inside materialise_record_pass's transaction.
+    assert set(Q) - {"materialise_async_commit"} <= bound, set(Q) - bound
+    package = Path(__file__).resolve().parent.parent / "pgwork"
+    for path in package.rglob("*.py"):
+        if path.name not in ("store.py", "queries.py"):
+            text = path.read_text()
+            assert 'Q["' not in text and "fetch_all(" not in text, path

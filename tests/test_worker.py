@@ -25,6 +25,7 @@ from .helpers import (
     python_channel,
     rows,
     running,
+    statement,
     until,
     work,
 )
@@ -135,7 +136,7 @@ async def test_budget_spent_goes_dead_then_redrive_delivers_once(
         )
         del sink.BEHAVIOUR["k"]
         async with await db.connect(dsn) as c:
-            redriven = await db.fetch_all(
+            redriven = await statement(
                 c, "dlq_redrive", {"all": True, "ids": [], "channel": None, "operator": "op@test"}
             )
         assert [r["verdict"] for r in redriven] == ["ok"]
@@ -179,7 +180,7 @@ async def test_redrive_refuses_cancelled_and_moved(
         "UPDATE pgwork.reminder SET due_at = due_at + interval '1 day' WHERE business_key = 'moved'"
     )
     async with await db.connect(dsn) as c:
-        got = await db.fetch_all(
+        got = await statement(
             c, "dlq_redrive", {"all": True, "ids": [], "channel": None, "operator": "op"}
         )
     assert sorted(r["verdict"] for r in got) == ["cancelled", "superseded"]
@@ -247,11 +248,11 @@ async def test_fencing_refuses_a_late_outcome(dsn: str, conn: psycopg.AsyncConne
             return {"outcomes": json.dumps([rec]), "daemon_id": "d", "host": "h", "pid": 1}
 
         # The zombie (lease 1) reports late: refused, and the ledger says so.
-        fenced = await db.fetch_all(c, "record_outcomes", outcome(1, "dead", "failed"))
+        fenced = await statement(c, "record_outcomes", outcome(1, "dead", "failed"))
         assert [r["fenced_id"] for r in fenced] == [second["id"]]
         # Its heartbeat is refused too.
         assert (
-            await db.fetch_all(
+            await statement(
                 c,
                 "extend_leases",
                 {"work_id": [second["id"]], "lease_no": [1], "lease": timedelta(seconds=60)},
@@ -259,7 +260,7 @@ async def test_fencing_refuses_a_late_outcome(dsn: str, conn: psycopg.AsyncConne
             == []
         )
         # The current holder's outcome is accepted.
-        assert await db.fetch_all(c, "record_outcomes", outcome(2, "delivered")) == []
+        assert await statement(c, "record_outcomes", outcome(2, "delivered")) == []
     (w,) = await work(conn)
     assert (w["status"], w["lease"]) == ("delivered", 2)
     ledger = await rows(conn, "SELECT lease, outcome, error FROM pgwork.attempt ORDER BY lease")
@@ -488,7 +489,7 @@ async def test_heartbeat_and_outcome_flush_do_not_deadlock(
     claimed: list[dict[str, Any]] = []
     async with await db.connect(dsn) as c:
         while len(claimed) < 2000:
-            claimed += await db.fetch_all(
+            claimed += await statement(
                 c,
                 "claim_work",
                 {
@@ -505,7 +506,7 @@ async def test_heartbeat_and_outcome_flush_do_not_deadlock(
         async with await db.connect(dsn) as c:
             for _ in range(5):
                 rs = random.sample(claimed, len(claimed))
-                await db.fetch_all(
+                await statement(
                     c,
                     "extend_leases",
                     {
@@ -530,7 +531,7 @@ async def test_heartbeat_and_outcome_flush_do_not_deadlock(
                 }
                 for r in rs
             ]
-            await db.fetch_all(
+            await statement(
                 c,
                 "record_outcomes",
                 {"outcomes": json.dumps(outcomes), "daemon_id": "d", "host": "h", "pid": 1},

@@ -16,10 +16,10 @@ from anyio.abc import TaskGroup, TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from .. import store
 from ..channels import Channel, Delivered, Delivery, Retry
 from ..channels.policy import decide
 from ..clock import Clock
-from ..db import fetch_all, fetch_one
 from ..supervise import Next, Supervisor
 from ..waker import Waker, WakerGroup
 from .leases import Held, Leases
@@ -86,7 +86,7 @@ class ChannelWorker:
         self.held = 0
         #: Deliveries inside the channel right now.
         self.active = 0
-        self._queue: deque[dict[str, Any]] = deque()
+        self._queue: deque[store.Claimed] = deque()
         self._idle: list[anyio.Event] = []
         self._closed = False
         self._stopping = False
@@ -137,18 +137,15 @@ class ChannelWorker:
     def close(self) -> None:
         self.stop_taking()
 
-    async def _claim(self, limit: int) -> list[dict[str, Any]]:
+    async def _claim(self, limit: int) -> list[store.Claimed]:
         async with self.pool.connection() as conn:
-            return await fetch_all(
+            return await store.claim_work(
                 conn,
-                "claim_work",
-                {
-                    "channel": self.name,
-                    "limit": limit,
-                    "max_attempts": self.policy.max_attempts,
-                    "lease": self.lease,
-                    "daemon_id": self.daemon_id,
-                },
+                channel=self.name,
+                limit=limit,
+                max_attempts=self.policy.max_attempts,
+                lease=self.lease,
+                daemon_id=self.daemon_id,
             )
 
     async def claim_step(self) -> Next:
@@ -162,31 +159,31 @@ class ChannelWorker:
         rows = await self._claim(limit)
         taken = 0
         for row in rows:
-            if row["prev_status"] == "claimed":
+            if row.prev_status == "claimed":
                 self.metrics.lease_reclaims.labels(self.name).inc()
                 log.warning(
                     "reclaimed a row whose lease expired",
                     extra={
-                        "work_id": row["id"],
+                        "work_id": row.id,
                         "channel": self.name,
-                        "attempt": row["attempts"],
-                        "operation_id": str(row["operation_id"]),
+                        "attempt": row.attempts,
+                        "operation_id": str(row.operation_id),
                     },
                 )
-            if row["status"] != "claimed":
-                self.metrics.closed_at_claim.labels(self.name, row["status"]).inc()
+            if row.status != "claimed":
+                self.metrics.closed_at_claim.labels(self.name, row.status).inc()
                 log.info(
                     "closed at claim instead of sending: %s",
-                    row["status"],
+                    row.status,
                     extra={
-                        "work_id": row["id"],
+                        "work_id": row.id,
                         "channel": self.name,
-                        "outcome": row["status"],
-                        "operation_id": str(row["operation_id"]),
+                        "outcome": row.status,
+                        "operation_id": str(row.operation_id),
                     },
                 )
                 continue
-            self.leases.add(Held(row["id"], row["lease"], self.name))
+            self.leases.add(Held(row.id, row.lease, self.name))
             if self._closed:
                 continue  # stopping: held, and released without counting an attempt
             self._queue.append(row)
@@ -203,7 +200,7 @@ class ChannelWorker:
         # Only now, with the rows handed to the workers: when is the next row claimable? Asked
         # of the database's clock, so a host clock that is off cannot make the loop spin.
         async with self.pool.connection() as conn:
-            wait = (await fetch_one(conn, "next_available", {"channel": self.name}))["wait_s"]
+            wait = await store.next_available(conn, channel=self.name)
         if wait is None:
             return Next(self.tick, "tick")
         if not rows:
@@ -226,19 +223,21 @@ class ChannelWorker:
             if done % self.YIELD_EVERY == 0:
                 await anyio.lowlevel.checkpoint()
 
-    async def _deliver(self, row: dict[str, Any]) -> None:
+    async def _deliver(self, row: store.Claimed) -> None:
+        # A claimed row's reminder exists (the claim closes the others): both are there.
+        assert row.recipient is not None and row.payload is not None
         d = Delivery(
-            work_id=row["id"],
-            operation_id=row["operation_id"],
-            source=row["source"],
-            business_key=row["business_key"],
-            deadline=row["deadline"],
-            occurrence=row["occurrence"],
-            due_at=row["due_at"],
+            work_id=row.id,
+            operation_id=row.operation_id,
+            source=row.source,
+            business_key=row.business_key,
+            deadline=row.deadline,
+            occurrence=row.occurrence,
+            due_at=row.due_at,
             channel=self.name,
-            recipient=row["recipient"],
-            payload_json=row["payload"],
-            attempt=row["attempts"],
+            recipient=row.recipient,
+            payload_json=row.payload,
+            attempt=row.attempts,
         )
         t0 = time.monotonic()
         self.active += 1
@@ -262,13 +261,13 @@ class ChannelWorker:
         elapsed = t1 - t0
         self._m_duration.observe(elapsed)
         ledger, status, delay, error = decide(
-            outcome, row["attempts"] - row["attempts_base"], self.policy
+            outcome, row.attempts - row.attempts_base, self.policy
         )
         self.writer.submit(
             Record(
                 work_id=d.work_id,
-                lease=row["lease"],
-                attempt=row["attempts"],
+                lease=row.lease,
+                attempt=row.attempts,
                 channel=self.name,
                 outcome=ledger,
                 status=status,

@@ -15,10 +15,8 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from .. import __version__
+from .. import __version__, store
 from ..clock import Clock
-from ..db import fetch_all
-from ..queries import Q
 from ..supervise import Next, Supervisor
 
 log = logging.getLogger("pgwork.leases")
@@ -56,16 +54,13 @@ async def heartbeat_step(
     if not held:
         return set()
     async with pool.connection() as conn:
-        rows = await fetch_all(
+        rows = await store.extend_leases(
             conn,
-            "extend_leases",
-            {
-                "work_id": [h.work_id for h in held],
-                "lease_no": [h.lease for h in held],
-                "lease": timedelta(seconds=lease),
-            },
+            work_id=[h.work_id for h in held],
+            lease_no=[h.lease for h in held],
+            lease=timedelta(seconds=lease),
         )
-    kept = {(r["id"], r["lease"]) for r in rows}
+    kept = {(r.id, r.lease) for r in rows}
     lost = {(h.work_id, h.lease) for h in held} - kept
     # A claim whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
     return {k for k in lost if k in leases.held}
@@ -80,16 +75,13 @@ async def release_all(
         return 0
     daemon_id, host, pid = identity
     async with pool.connection() as conn:
-        rows = await fetch_all(
+        rows = await store.release_leases(
             conn,
-            "release_leases",
-            {
-                "work_id": [h.work_id for h in held],
-                "lease_no": [h.lease for h in held],
-                "daemon_id": daemon_id,
-                "host": host,
-                "pid": pid,
-            },
+            work_id=[h.work_id for h in held],
+            lease_no=[h.lease for h in held],
+            daemon_id=daemon_id,
+            host=host,
+            pid=pid,
         )
     for h in held:
         leases.drop((h.work_id, h.lease))
@@ -133,28 +125,24 @@ class Heartbeat:
                 extra={"work_id": work_id, "lease": lease},
             )
         async with self.pool.connection() as conn:
-            await conn.execute(
-                Q["daemon_heartbeat"], {"id": self.daemon_id, "listener_up": self.listener_up()}
-            )
-            gone = await fetch_all(conn, "daemons_forget_gone")
+            await store.daemon_heartbeat(conn, id=self.daemon_id, listener_up=self.listener_up())
+            gone = await store.daemons_forget_gone(conn)
             await self.clock.sync(conn)
         for g in gone:
-            log.info("forgot daemon %s: no heartbeat for long", g["id"], extra={"gone": g["id"]})
+            log.info("forgot daemon %s: no heartbeat for long", g, extra={"gone": g})
         return Next(self.every, "tick")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Registers this daemon's row, heartbeats until cancelled, then removes the row."""
         daemon_id, host, pid = self.identity
         async with self.pool.connection() as conn:
-            await conn.execute(
-                Q["daemon_register"],
-                {
-                    "id": daemon_id,
-                    "host": host,
-                    "pid": pid,
-                    "version": __version__,
-                    "heartbeat_every": timedelta(seconds=self.every),
-                },
+            await store.daemon_register(
+                conn,
+                id=daemon_id,
+                host=host,
+                pid=pid,
+                version=__version__,
+                heartbeat_every=timedelta(seconds=self.every),
             )
         try:
             await self.sup.loop(
@@ -163,4 +151,4 @@ class Heartbeat:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 async with self.pool.connection() as conn:
-                    await conn.execute(Q["daemon_unregister"], {"id": self.daemon_id})
+                    await store.daemon_unregister(conn, id=self.daemon_id)

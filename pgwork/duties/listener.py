@@ -10,8 +10,7 @@ import anyio
 from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 
-from .. import db
-from ..queries import Q
+from .. import db, store
 from ..supervise import Next, Supervisor
 from ..waker import Waker, WakerGroup
 
@@ -69,11 +68,11 @@ class Listener:
             keepalives_count=3,
         )
         try:
-            if (await db.fetch_one(conn, "is_standby"))["standby"]:
+            if await store.is_standby(conn):
                 raise RuntimeError(
                     "connected to a standby (pg_is_in_recovery); NOTIFY does not reach it"
                 )
-            await conn.execute(Q["listen"])
+            await store.listen(conn)
             self._set_up(True)
             self._first.set()
             log.info("listening", extra={"duty": "listener", "channels": list(CHANNELS)})
@@ -108,7 +107,7 @@ class Listener:
             if not got:
                 # Silence: make sure the connection is still alive.
                 with anyio.fail_after(self.connect_timeout):
-                    await conn.execute(Q["ping"])
+                    await store.ping(conn)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Started once the first connection attempt is over (listening, or failed and backing

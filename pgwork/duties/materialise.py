@@ -14,8 +14,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from ..db import fetch_one
-from ..queries import Q
+from .. import store
 from ..supervise import Next, Supervisor
 from ..waker import Waker, WakerGroup
 
@@ -99,14 +98,27 @@ class PassResult:
 
 
 async def _page(
-    conn: AsyncConnection[Any], coordinate: bool, params: dict[str, Any]
-) -> dict[str, Any] | None:
+    conn: AsyncConnection[Any],
+    coordinate: bool,
+    *,
+    cutoff: datetime | None,
+    lookahead: timedelta,
+    after_at: datetime | None,
+    after_id: int,
+    limit: int,
+) -> store.Page | None:
     """One page in its own transaction; None when another materialiser holds the lock."""
     async with conn.transaction():
-        got = (await fetch_one(conn, "materialise_lock", {"coordinate": coordinate}))["got"]
-        if not got:
+        if not await store.materialise_lock(conn, coordinate=coordinate):
             return None
-        return await fetch_one(conn, "materialise_page", params)
+        return await store.materialise_page(
+            conn,
+            cutoff=cutoff,
+            lookahead=lookahead,
+            after_at=after_at,
+            after_id=after_id,
+            limit=limit,
+        )
 
 
 async def run_once(
@@ -139,46 +151,41 @@ async def run_once(
         page = await _page(
             conn,
             coordinate,
-            {
-                "cutoff": cutoff,
-                "lookahead": timedelta(seconds=lookahead),
-                "after_at": after_at,
-                "after_id": after_id,
-                "limit": page_size,
-            },
+            cutoff=cutoff,
+            lookahead=timedelta(seconds=lookahead),
+            after_at=after_at,
+            after_id=after_id,
+            limit=page_size,
         )
         if page is None:
             return None
-        cutoff = page["cutoff"]
+        cutoff = page.cutoff
         longest = max(longest, time.monotonic() - p0)
         if progress is not None:
             progress()
-        if page["made"] and on_made is not None:
+        if page.made and on_made is not None:
             on_made()
         pages += 1
-        scanned += page["scanned"]
-        made += page["made"]
-        made_due += page["made_due"]
-        if page["scanned"] < page_size:
+        scanned += page.scanned
+        made += page.made
+        made_due += page.made_due
+        if page.scanned < page_size:
             break
-        after_at, after_id = page["last_at"], page["last_id"]
+        after_at, after_id = page.last_at, page.last_id or 0
     duration = time.monotonic() - t0
     assert cutoff is not None
-    nxt = await fetch_one(conn, "next_fire_at", {"cutoff": cutoff})
+    nxt = await store.next_fire_at(conn, cutoff=cutoff)
     complete_to = cutoff
-    if nxt["at"] is not None and nxt["after_cutoff_s"] <= 0:
+    if nxt.at is not None and nxt.after_cutoff_s is not None and nxt.after_cutoff_s <= 0:
         # A reminder was skipped (an app holds its row lock): the evidence stops short of it.
-        complete_to = nxt["at"] - timedelta(microseconds=1)
+        complete_to = nxt.at - timedelta(microseconds=1)
         log.info(
             "skipped reminders locked by another transaction; the next pass takes them",
-            extra={"reminder_id": nxt["id"], "fires_at": nxt["at"].isoformat()},
+            extra={"reminder_id": nxt.id, "fires_at": nxt.at.isoformat()},
         )
-    async with conn.transaction():
-        await conn.execute(Q["materialise_async_commit"])
-        await conn.execute(
-            Q["materialise_record_pass"],
-            {"cutoff": complete_to, "made": made, "duration_ms": duration * 1000},
-        )
+    await store.materialise_record_pass(
+        conn, cutoff=complete_to, made=made, duration_ms=duration * 1000
+    )
     if made:
         log.info(
             "materialised %d work rows",
@@ -199,9 +206,9 @@ async def run_once(
         pages,
         duration,
         longest,
-        nxt["at"],
-        nxt["after_cutoff_s"],
-        nxt["id"],
+        nxt.at,
+        nxt.after_cutoff_s,
+        nxt.id,
     )
 
 

@@ -18,7 +18,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from ..db import fetch_all
+from .. import store
 from ..metrics import Metrics
 from ..secrets import Secrets
 from ..supervise import Backoff, Health
@@ -343,13 +343,10 @@ class OutcomeWriter:
 
     async def _statement(self, rs: list[Record]) -> set[tuple[int, int]]:
         now = time.monotonic()
-        params = {
-            "outcomes": json.dumps([r.as_json(now) for r in rs], separators=(",", ":")),
-            "daemon_id": self.daemon_id,
-            "host": self.host,
-            "pid": self.pid,
-        }
+        outcomes = json.dumps([r.as_json(now) for r in rs], separators=(",", ":"))
         async with self.pool.connection() as conn:
-            rows = await fetch_all(conn, "record_outcomes", params)
+            rows = await store.record_outcomes(
+                conn, outcomes=outcomes, daemon_id=self.daemon_id, host=self.host, pid=self.pid
+            )
         # Records already applied by a first run of this write (its reply was lost) are not fenced.
-        return {(r["fenced_id"], r["lease"]) for r in rows if not r["already"]}
+        return {(r.fenced_id, r.lease) for r in rows if not r.already}

@@ -20,12 +20,10 @@ import anyio
 from anyio.abc import TaskStatus
 from psycopg import AsyncConnection, errors
 
-from .. import db
+from .. import db, store
 from ..config import RetentionPolicy
-from ..db import fetch_one
 from ..durations import format_duration
 from ..metrics import Metrics
-from ..queries import Q
 from ..supervise import Next, Supervisor
 
 log = logging.getLogger("pgwork.retention")
@@ -57,12 +55,10 @@ class Retention:
     async def configure(self, conn: AsyncConnection[Any]) -> None:
         """Session limits for the retention connection: each batch is bounded in time and in how
         long it may wait for a lock."""
-        await conn.execute(
-            Q["session_limits"],
-            {
-                "statement_timeout": f"{int(self.policy.statement_timeout * 1000)}ms",
-                "lock_timeout": f"{int(self.policy.lock_timeout * 1000)}ms",
-            },
+        await store.session_limits(
+            conn,
+            statement_timeout=f"{int(self.policy.statement_timeout * 1000)}ms",
+            lock_timeout=f"{int(self.policy.lock_timeout * 1000)}ms",
         )
 
     async def run_once(
@@ -72,7 +68,7 @@ class Retention:
         ``progress`` is called after every batch that completed (health: a long pass over a large
         backlog is not a stuck one)."""
         t0 = time.monotonic()
-        now = (await fetch_one(conn, "db_now"))["now"]
+        now = await store.db_now(conn)
         done_before = now - timedelta(seconds=self.policy.keep)
         dead_before = now - timedelta(seconds=self.policy.dead_keep)
         after_at: datetime | None = None
@@ -83,22 +79,19 @@ class Retention:
         paused = stalled = False
         in_a_row = 0
         while True:
-            if (await fetch_one(conn, "retention_paused"))["paused"]:
+            if await store.retention_paused(conn):
                 paused = True
                 break
             limit = self.batch
             b0 = time.monotonic()
             try:
-                page = await fetch_one(
+                page = await store.retention_delete_batch(
                     conn,
-                    "retention_delete_batch",
-                    {
-                        "done_before": done_before,
-                        "dead_before": dead_before,
-                        "after_at": after_at,
-                        "after_id": after_id,
-                        "limit": limit,
-                    },
+                    done_before=done_before,
+                    dead_before=dead_before,
+                    after_at=after_at,
+                    after_id=after_id,
+                    limit=limit,
                 )
             except (errors.QueryCanceled, errors.LockNotAvailable) as e:
                 timeouts += 1
@@ -127,21 +120,21 @@ class Retention:
             if progress is not None:
                 progress()
             longest = max(longest, took)
-            largest = max(largest, page["deleted"])
+            largest = max(largest, page.deleted)
             in_a_row = 0
             batches += 1
-            deleted += page["deleted"]
-            ledger += page["ledger_deleted"]
+            deleted += page.deleted
+            ledger += page.ledger_deleted
             if self.metrics:
-                self.metrics.retention_deleted.inc(page["deleted"])
+                self.metrics.retention_deleted.inc(page.deleted)
                 self.metrics.retention_batch.observe(took)
             self.batch = min(self.policy.batch_size, self.batch + max(1, self.batch // 10))
-            if page["scanned"] < limit:
+            if page.scanned < limit:
                 break
-            after_at, after_id = page["last_at"], page["last_id"]
+            after_at, after_id = page.last_at, page.last_id or 0
             await anyio.sleep(self.policy.pause)
         if not paused and not stalled:
-            await conn.execute(Q["retention_record_pass"], {"deleted": deleted})
+            await store.retention_record_pass(conn, deleted=deleted)
         duration = time.monotonic() - t0
         if deleted or timeouts:
             log.info(

@@ -1,0 +1,577 @@
+"""Typed access to every statement in ``sql/queries.sql``: one function per statement, keyword
+parameters, rows as frozen dataclasses. Callers never pass a statement name or read an untyped
+dict, so mypy checks every call and a renamed column fails at its first use, naming the field.
+
+The SQL stays in ``queries.sql`` (one place, readable as SQL); this module only binds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row, dict_row
+
+from .queries import Q
+
+Conn = AsyncConnection[Any]
+T = TypeVar("T")
+
+
+async def _rows(
+    conn: Conn, name: str, cls: type[T], params: dict[str, Any] | None = None
+) -> list[T]:
+    async with conn.cursor(row_factory=class_row(cls)) as cur:
+        await cur.execute(Q[name], params or {})
+        return await cur.fetchall()
+
+
+async def _one(conn: Conn, name: str, cls: type[T], params: dict[str, Any] | None = None) -> T:
+    got = await _rows(conn, name, cls, params)
+    if len(got) != 1:
+        raise RuntimeError(f"{name}: expected one row, got {len(got)}")
+    return got[0]
+
+
+async def _exec(conn: Conn, name: str, params: dict[str, Any] | None = None) -> None:
+    await conn.execute(Q[name], params or {})
+
+
+async def _dicts(conn: Conn, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """For the inspection commands, which show every column as it is."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q[name], params)
+        return await cur.fetchall()
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Installed:
+    installed: bool
+
+
+@dataclass(frozen=True)
+class _Version:
+    version: int
+
+
+async def schema_installed(conn: Conn) -> bool:
+    return (await _one(conn, "schema_installed", _Installed)).installed
+
+
+async def schema_version(conn: Conn) -> int:
+    return (await _one(conn, "schema_version", _Version)).version
+
+
+async def migrate_lock(conn: Conn) -> None:
+    await _exec(conn, "migrate_lock")
+
+
+async def time_zones_refresh(conn: Conn) -> None:
+    await _exec(conn, "time_zones_refresh")
+
+
+async def session_limits(conn: Conn, *, statement_timeout: str, lock_timeout: str) -> None:
+    await _exec(
+        conn,
+        "session_limits",
+        {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout},
+    )
+
+
+@dataclass(frozen=True)
+class _Now:
+    now: datetime
+
+
+async def db_now(conn: Conn) -> datetime:
+    return (await _one(conn, "db_now", _Now)).now
+
+
+@dataclass(frozen=True)
+class _Standby:
+    standby: bool
+
+
+async def is_standby(conn: Conn) -> bool:
+    return (await _one(conn, "is_standby", _Standby)).standby
+
+
+async def listen(conn: Conn) -> None:
+    await _exec(conn, "listen")
+
+
+async def ping(conn: Conn) -> None:
+    await _exec(conn, "ping")
+
+
+# -- materialiser ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Got:
+    got: bool
+    async_commit: str
+
+
+async def materialise_lock(conn: Conn, *, coordinate: bool) -> bool:
+    return (await _one(conn, "materialise_lock", _Got, {"coordinate": coordinate})).got
+
+
+@dataclass(frozen=True)
+class Page:
+    cutoff: datetime
+    scanned: int
+    made: int
+    made_due: int
+    notified: int
+    earliest_made: datetime | None
+    last_at: datetime | None
+    last_id: int | None
+
+
+async def materialise_page(
+    conn: Conn,
+    *,
+    cutoff: datetime | None,
+    lookahead: timedelta,
+    after_at: datetime | None,
+    after_id: int,
+    limit: int,
+) -> Page:
+    return await _one(
+        conn,
+        "materialise_page",
+        Page,
+        {
+            "cutoff": cutoff,
+            "lookahead": lookahead,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit,
+        },
+    )
+
+
+async def materialise_record_pass(
+    conn: Conn, *, cutoff: datetime, made: int, duration_ms: float
+) -> None:
+    async with conn.transaction():
+        await _exec(conn, "materialise_async_commit")
+        await _exec(
+            conn,
+            "materialise_record_pass",
+            {"cutoff": cutoff, "made": made, "duration_ms": duration_ms},
+        )
+
+
+@dataclass(frozen=True)
+class NextFire:
+    at: datetime | None
+    id: int | None
+    after_cutoff_s: float | None
+
+
+async def next_fire_at(conn: Conn, *, cutoff: datetime) -> NextFire:
+    return await _one(conn, "next_fire_at", NextFire, {"cutoff": cutoff})
+
+
+@dataclass(frozen=True)
+class MaterialiserState:
+    last_cutoff: datetime | None
+    last_pass_at: datetime | None
+    last_inserted: int
+    last_duration_ms: float
+    total_inserted: int
+    cutoff_age_seconds: float | None
+
+
+async def materialiser_state(conn: Conn) -> MaterialiserState:
+    return await _one(conn, "materialiser_state", MaterialiserState)
+
+
+# -- daemons and channels --------------------------------------------------------------------
+
+
+async def register_channels(conn: Conn, *, names: list[str], kinds: list[str]) -> None:
+    await _exec(conn, "register_channels", {"names": names, "kinds": kinds})
+
+
+async def daemon_register(
+    conn: Conn,
+    *,
+    id: str,
+    host: str,
+    pid: int,
+    version: str,
+    heartbeat_every: timedelta,
+) -> None:
+    await _exec(
+        conn,
+        "daemon_register",
+        {
+            "id": id,
+            "host": host,
+            "pid": pid,
+            "version": version,
+            "heartbeat_every": heartbeat_every,
+        },
+    )
+
+
+async def daemon_heartbeat(conn: Conn, *, id: str, listener_up: bool) -> None:
+    await _exec(conn, "daemon_heartbeat", {"id": id, "listener_up": listener_up})
+
+
+async def daemon_unregister(conn: Conn, *, id: str) -> None:
+    await _exec(conn, "daemon_unregister", {"id": id})
+
+
+@dataclass(frozen=True)
+class _Id:
+    id: Any
+
+
+async def daemons_forget_gone(conn: Conn) -> list[str]:
+    return [r.id for r in await _rows(conn, "daemons_forget_gone", _Id)]
+
+
+@dataclass(frozen=True)
+class DaemonRow:
+    id: str
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    listener_up: bool
+    heartbeat_age_seconds: float
+    gone: bool
+
+
+async def daemons(conn: Conn) -> list[DaemonRow]:
+    return await _rows(conn, "daemons", DaemonRow)
+
+
+# -- claim, outcomes, leases -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A row the claim statement touched: claimed for delivery (``status == 'claimed'``), or
+    closed instead of sent (cancelled, superseded, dead)."""
+
+    id: int
+    reminder_id: int
+    source: str
+    business_key: str
+    deadline: datetime
+    occurrence: timedelta
+    due_at: datetime
+    channel: str
+    operation_id: UUID
+    status: str
+    attempts: int
+    attempts_base: int
+    lease: int
+    prev_status: str
+    recipient: str | None
+    #: The payload as JSON text, exactly as stored.
+    payload: str | None
+
+
+async def claim_work(
+    conn: Conn,
+    *,
+    channel: str,
+    limit: int,
+    max_attempts: int,
+    lease: timedelta,
+    daemon_id: str,
+) -> list[Claimed]:
+    return await _rows(
+        conn,
+        "claim_work",
+        Claimed,
+        {
+            "channel": channel,
+            "limit": limit,
+            "max_attempts": max_attempts,
+            "lease": lease,
+            "daemon_id": daemon_id,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class _Wait:
+    wait_s: float | None
+
+
+async def next_available(conn: Conn, *, channel: str) -> float | None:
+    """Seconds until the channel's next row is claimable (negative: now); None when none."""
+    return (await _one(conn, "next_available", _Wait, {"channel": channel})).wait_s
+
+
+@dataclass(frozen=True)
+class Unapplied:
+    """A record the outcome statement did not apply now: fenced, or ``already`` applied."""
+
+    fenced_id: int
+    lease: int
+    already: bool
+
+
+async def record_outcomes(
+    conn: Conn, *, outcomes: str, daemon_id: str, host: str, pid: int
+) -> list[Unapplied]:
+    return await _rows(
+        conn,
+        "record_outcomes",
+        Unapplied,
+        {"outcomes": outcomes, "daemon_id": daemon_id, "host": host, "pid": pid},
+    )
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: int
+    lease: int
+
+
+async def extend_leases(
+    conn: Conn, *, work_id: list[int], lease_no: list[int], lease: timedelta
+) -> list[Claim]:
+    return await _rows(
+        conn,
+        "extend_leases",
+        Claim,
+        {"work_id": work_id, "lease_no": lease_no, "lease": lease},
+    )
+
+
+async def release_leases(
+    conn: Conn,
+    *,
+    work_id: list[int],
+    lease_no: list[int],
+    daemon_id: str,
+    host: str,
+    pid: int,
+) -> list[int]:
+    got = await _rows(
+        conn,
+        "release_leases",
+        _Id,
+        {
+            "work_id": work_id,
+            "lease_no": lease_no,
+            "daemon_id": daemon_id,
+            "host": host,
+            "pid": pid,
+        },
+    )
+    return [r.id for r in got]
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: int
+    source: str
+    business_key: str
+    channel: str
+    deadline: datetime
+    occurrence: timedelta
+    due_at: datetime
+    attempts: int
+    dead_reason: str
+    finished_at: datetime
+    operation_id: UUID
+
+
+async def dlq_list(
+    conn: Conn,
+    *,
+    channel: str | None,
+    source: str | None,
+    older_than: timedelta | None,
+    limit: int,
+) -> list[DeadLetter]:
+    return await _rows(
+        conn,
+        "dlq_list",
+        DeadLetter,
+        {"channel": channel, "source": source, "older_than": older_than, "limit": limit},
+    )
+
+
+async def work_get(conn: Conn, *, id: int) -> list[dict[str, Any]]:
+    """Every column of one work row and its reminder, for ``pgwork dlq show``."""
+    return await _dicts(conn, "work_get", {"id": id})
+
+
+async def work_attempts(conn: Conn, *, id: int) -> list[dict[str, Any]]:
+    """The attempt ledger of one work row, every column, for ``pgwork dlq show``."""
+    return await _dicts(conn, "work_attempts", {"id": id})
+
+
+@dataclass(frozen=True)
+class Redriven:
+    id: int
+    #: ok, or why not: cancelled, superseded.
+    verdict: str
+    notified: int
+
+
+async def dlq_redrive(
+    conn: Conn,
+    *,
+    all: bool,
+    ids: list[int],
+    channel: str | None,
+    operator: str,
+) -> list[Redriven]:
+    return await _rows(
+        conn,
+        "dlq_redrive",
+        Redriven,
+        {"all": all, "ids": ids, "channel": channel, "operator": operator},
+    )
+
+
+# -- gauges and status -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkState:
+    channel: str
+    status: str
+    n: int
+
+
+async def work_states(conn: Conn) -> list[WorkState]:
+    return await _rows(conn, "work_states", WorkState)
+
+
+@dataclass(frozen=True)
+class Lag:
+    lag_seconds: float
+    oldest_ready_seconds: float
+    unmaterialised_seconds: float
+
+
+async def lag(conn: Conn) -> Lag:
+    return await _one(conn, "lag", Lag)
+
+
+@dataclass(frozen=True)
+class TableHealth:
+    table: str
+    dead_tuples: int
+    live_tuples: int
+
+
+async def table_health(conn: Conn) -> list[TableHealth]:
+    return await _rows(conn, "table_health", TableHealth)
+
+
+@dataclass(frozen=True)
+class XminHorizon:
+    age_seconds: float
+    age_xids: int
+
+
+async def xmin_horizon(conn: Conn) -> XminHorizon:
+    return await _one(conn, "xmin_horizon", XminHorizon)
+
+
+# -- retention -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Paused:
+    paused: bool
+
+
+async def retention_paused(conn: Conn) -> bool:
+    return (await _one(conn, "retention_paused", _Paused)).paused
+
+
+async def retention_set_paused(conn: Conn, *, paused: bool) -> None:
+    await _exec(conn, "retention_set_paused", {"paused": paused})
+
+
+@dataclass(frozen=True)
+class Batch:
+    scanned: int
+    deleted: int
+    ledger_deleted: int
+    retired: int
+    last_at: datetime | None
+    last_id: int | None
+
+
+async def retention_delete_batch(
+    conn: Conn,
+    *,
+    done_before: datetime,
+    dead_before: datetime,
+    after_at: datetime | None,
+    after_id: int,
+    limit: int,
+) -> Batch:
+    return await _one(
+        conn,
+        "retention_delete_batch",
+        Batch,
+        {
+            "done_before": done_before,
+            "dead_before": dead_before,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit,
+        },
+    )
+
+
+async def retention_record_pass(conn: Conn, *, deleted: int) -> None:
+    await _exec(conn, "retention_record_pass", {"deleted": deleted})
+
+
+@dataclass(frozen=True)
+class RetentionState:
+    last_pass_at: datetime | None
+    last_deleted: int
+    total_deleted: int
+    paused: bool
+    oldest_terminal_age_seconds: float | None
+
+
+async def retention_state(conn: Conn) -> RetentionState:
+    return await _one(conn, "retention_state", RetentionState)
+
+
+@dataclass(frozen=True)
+class _N:
+    n: int
+
+
+async def retention_backlog(
+    conn: Conn, *, done_before: datetime, dead_before: datetime, limit: int
+) -> int:
+    """Terminal rows past their keep, counted up to ``limit``."""
+    got = await _one(
+        conn,
+        "retention_backlog",
+        _N,
+        {"done_before": done_before, "dead_before": dead_before, "limit": limit},
+    )
+    return got.n
