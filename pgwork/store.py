@@ -116,11 +116,8 @@ async def ping(conn: Conn) -> None:
 @dataclass(frozen=True)
 class _Got:
     got: bool
+    may_page: str
     async_commit: str
-
-
-async def materialise_lock(conn: Conn, *, coordinate: bool) -> bool:
-    return (await _one(conn, "materialise_lock", _Got, {"coordinate": coordinate})).got
 
 
 @dataclass(frozen=True)
@@ -138,24 +135,35 @@ class Page:
 async def materialise_page(
     conn: Conn,
     *,
+    coordinate: bool,
     cutoff: datetime | None,
     lookahead: timedelta,
     after_at: datetime | None,
     after_id: int,
     limit: int,
-) -> Page:
-    return await _one(
-        conn,
-        "materialise_page",
-        Page,
-        {
-            "cutoff": cutoff,
-            "lookahead": lookahead,
-            "after_at": after_at,
-            "after_id": after_id,
-            "limit": limit,
-        },
-    )
+) -> Page | None:
+    """One page in its own transaction: materialise_lock, then materialise_page, sent together
+    in one round trip (the page reads the lock's result from a transaction-local setting).
+    None when another materialiser holds the lock."""
+    params = {
+        "cutoff": cutoff,
+        "lookahead": lookahead,
+        "after_at": after_at,
+        "after_id": after_id,
+        "limit": limit,
+    }
+    async with conn.pipeline():
+        async with conn.transaction():
+            lock = conn.cursor(row_factory=class_row(_Got))
+            await lock.execute(Q["materialise_lock"], {"coordinate": coordinate})
+            page = conn.cursor(row_factory=class_row(Page))
+            await page.execute(Q["materialise_page"], params)
+        got = await lock.fetchone()
+        result = await page.fetchone()
+    if got is None or not got.got:
+        return None
+    assert result is not None
+    return result
 
 
 async def materialise_record_pass(

@@ -90,6 +90,8 @@ class ChannelWorker:
         self._idle: list[anyio.Event] = []
         self._closed = False
         self._stopping = False
+        #: Consecutive claims that got nothing while a row was due (see claim_step).
+        self._due_unclaimed = 0
         # Labelled metric children, looked up once.
         self._m_attempts = {
             o: metrics.attempts.labels(self.name, o)
@@ -203,10 +205,15 @@ class ChannelWorker:
             wait = await store.next_available(conn, channel=self.name)
         if wait is None:
             return Next(self.tick, "tick")
-        if not rows:
-            # Nothing claimable although something is due: rows locked by another transaction.
-            # Look again soon, not at once.
-            wait = max(wait, self.EMPTY_PASS_FLOOR)
+        if not rows and wait <= 0:
+            # Nothing claimed, yet something is due now. Once, that is a row that became due
+            # between the claim and this question: claim again at once. Twice in a row, it is a
+            # row locked by another transaction: look again soon, not at once.
+            self._due_unclaimed += 1
+            if self._due_unclaimed > 1:
+                wait = self.EMPTY_PASS_FLOOR
+        else:
+            self._due_unclaimed = 0
         return Next(max(0.0, min(self.tick, wait)), "timer" if wait < self.tick else "tick")
 
     async def _worker(self) -> None:

@@ -97,30 +97,6 @@ class PassResult:
         return self.next_after_cutoff is not None and self.next_after_cutoff <= 0
 
 
-async def _page(
-    conn: AsyncConnection[Any],
-    coordinate: bool,
-    *,
-    cutoff: datetime | None,
-    lookahead: timedelta,
-    after_at: datetime | None,
-    after_id: int,
-    limit: int,
-) -> store.Page | None:
-    """One page in its own transaction; None when another materialiser holds the lock."""
-    async with conn.transaction():
-        if not await store.materialise_lock(conn, coordinate=coordinate):
-            return None
-        return await store.materialise_page(
-            conn,
-            cutoff=cutoff,
-            lookahead=lookahead,
-            after_at=after_at,
-            after_id=after_id,
-            limit=limit,
-        )
-
-
 async def run_once(
     conn: AsyncConnection[Any],
     *,
@@ -148,9 +124,9 @@ async def run_once(
     longest = 0.0
     while True:
         p0 = time.monotonic()
-        page = await _page(
+        page = await store.materialise_page(
             conn,
-            coordinate,
+            coordinate=coordinate,
             cutoff=cutoff,
             lookahead=timedelta(seconds=lookahead),
             after_at=after_at,

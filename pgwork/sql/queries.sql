@@ -30,13 +30,16 @@ SELECT name FROM pg_timezone_names
 -- re-insert an occurrence already sent. With coordinate, only one materialiser pages at a time
 -- (the others see got = false and retry shortly); without (tests racing two passes),
 -- materialisers share the lock.
-SELECT CASE WHEN %(coordinate)s
-            THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
-            ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END AS got,
+-- The result is also left in the transaction-local setting pgwork.may_page, which the page
+-- statement reads: the two are sent in one round trip (pipelined), so the page cannot wait for it.
+SELECT l.got, set_config('pgwork.may_page', l.got::text, true) AS may_page,
        -- The page commits without waiting for the WAL flush: one lost in a crash is redone by the
        -- next pass (the progress is in the same transaction), and work due now reaches a worker
        -- one disk flush sooner.
        set_config('synchronous_commit', 'off', true) AS async_commit
+  FROM (SELECT CASE WHEN %(coordinate)s
+                    THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
+                    ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END AS got) AS l
 
 -- name: materialise_page
 -- One keyset page of reminders with an occurrence firing at or before the cutoff, in one
@@ -55,7 +58,8 @@ WITH params AS MATERIALIZED (
     SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
            r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at
       FROM pgwork.reminder r
-     WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+     WHERE current_setting('pgwork.may_page', true) = 'true'  -- materialise_lock got the lock
+       AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
        AND coalesce(r.next_fire_at, r.due_at) <= (SELECT cutoff FROM params)
        AND (coalesce(r.next_fire_at, r.due_at), r.id)
            > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s::bigint)
