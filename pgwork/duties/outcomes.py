@@ -121,6 +121,14 @@ class Record:
     def cleaned(self, secrets: Secrets | None = None) -> Record:
         """This record as Postgres can store it (see the ``clean_*`` functions), with every
         configured secret masked (a receiver may echo the request's headers back)."""
+        if (
+            self.error is None
+            and self.error_class is None
+            and self.receipt is None
+            and (self.retry_after is None or 0 <= self.retry_after <= MAX_RETRY_DELAY)
+            and (self.http_status is None or 100 <= self.http_status < 1000)
+        ):
+            return self  # nothing to clean: most delivered records (and it is the hot path)
         s = secrets or Secrets()
         return replace(
             self,
@@ -128,7 +136,12 @@ class Record:
             error=clean_text(s.scrub(self.error) if self.error else self.error, MAX_ERROR),
             error_class=clean_text(self.error_class, MAX_ERROR_CLASS),
             receipt=clean_receipt(s.scrub_json(self.receipt)),
-            http_status=self.http_status if self.http_status in range(100, 1000) else None,
+            # Not `in range(100, 1000)`: for None that scans all 900 values.
+            http_status=(
+                self.http_status
+                if isinstance(self.http_status, int) and 100 <= self.http_status < 1000
+                else None
+            ),
         )
 
     def bare(self, why: str) -> Record:

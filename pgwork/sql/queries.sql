@@ -266,12 +266,16 @@ WITH o AS (
      WHERE w.id = o.work_id
     RETURNING w.id, w.lease
 ), judged AS (
-    SELECT o.*, EXISTS (SELECT 1 FROM done d WHERE d.id = o.work_id AND d.lease = o.lease) AS applied,
+    -- Joins, not correlated EXISTS: a flush holds up to a thousand records, and a scan of
+    -- `done` per record was quadratic (it halved the burn-down rate).
+    SELECT o.*, d.id IS NOT NULL AS applied,
            -- A retried write whose first run committed (reply lost): its ledger row is there.
-           EXISTS (SELECT 1 FROM pgwork.attempt a
-                    WHERE a.work_id = o.work_id AND a.lease = o.lease AND a.outcome = o.outcome
-                      AND a.daemon_id = %(daemon_id)s) AS already
+           a.work_id IS NOT NULL AS already
       FROM o
+      LEFT JOIN done d ON d.id = o.work_id AND d.lease = o.lease
+      LEFT JOIN pgwork.attempt a
+        ON a.work_id = o.work_id AND a.lease = o.lease AND a.outcome = o.outcome
+       AND a.daemon_id = %(daemon_id)s
 ), ledger AS (
     INSERT INTO pgwork.attempt AS a
            (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome,
