@@ -106,11 +106,6 @@ class ChannelWorker:
         self._m_claimed = metrics.claimed.labels(self.name)
         self._m_duplicates = metrics.duplicates.labels(self.name)
 
-    @property
-    def in_flight(self) -> int:
-        """Rows held by this channel (the shutdown waits for these to settle)."""
-        return self.held
-
     def start_workers(self, tg: TaskGroup) -> None:
         for _ in range(self.concurrency):
             tg.start_soon(self._worker)
