@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import SCHEMA_VERSION, store
 from .queries import migration_sql, schema_sql
+from .supervise import Backoff
 
 log = logging.getLogger("pgwork.db")
 
@@ -94,8 +95,6 @@ async def wait_until_reachable(
 
     :raises SchemaError: when the schema is missing, older or newer than this code.
     """
-    from .supervise import Backoff
-
     backoff = Backoff()
     while not stop.is_set():
         try:

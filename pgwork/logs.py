@@ -7,29 +7,25 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .db import redact as _redact_dsn
+from .secrets import Secrets
 
-if TYPE_CHECKING:
-    from .secrets import Secrets
-
-#: Secrets to mask in every line (added by the daemon and the CLI once the config is known).
-_SECRETS: list[Secrets] = []
+#: Secrets to mask in every line (added by the daemon and the CLI once the config is known):
+#: one merged set, however many daemons a process runs.
+_SECRETS = Secrets()
 #: The ``log.redact`` mode in force (the log channel's own message text honours it too).
 _MODE = ["none"]
 
 
 def add_secrets(secrets: Secrets) -> None:
-    _SECRETS.append(secrets)
+    _SECRETS.merge(secrets)
 
 
 def redact(text: str) -> str:
     """``text`` without DSN passwords or any configured secret."""
-    text = _redact_dsn(text)
-    for s in _SECRETS:
-        text = s.scrub(text)
-    return text
+    return _SECRETS.scrub(_redact_dsn(text))
 
 
 def personal(value: str) -> str:

@@ -29,6 +29,10 @@ class Secrets:
             self._values.append(value)
             self._values.sort(key=len, reverse=True)  # a secret containing another goes first
 
+    def merge(self, other: Secrets) -> None:
+        for v in other._values:
+            self.add(v)
+
     def __bool__(self) -> bool:
         return bool(self._values)
 

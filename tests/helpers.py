@@ -180,3 +180,13 @@ async def until(
 async def count(conn: psycopg.AsyncConnection[Any], where: str = "true") -> int:
     r = await rows(conn, f"SELECT count(*) AS n FROM pgwork.renewal_work WHERE {where}")
     return int(r[0]["n"])
+
+
+async def delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    """Exactly ``n`` work rows are delivered."""
+    return await count(conn, "status = 'delivered'") == n
+
+
+async def settled(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    """Exactly ``n`` work rows are delivered or dead."""
+    return await count(conn, "status IN ('delivered', 'dead')") == n

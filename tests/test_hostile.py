@@ -18,7 +18,7 @@ from psycopg import errors
 from pgwork.channels import parse_retry_after
 
 from . import sink
-from .helpers import add, config, materialise, rows, running, until, webhook_channel, work
+from .helpers import add, config, materialise, rows, running, settled, until, webhook_channel, work
 from .receiver import Answer, Receiver, Request
 from .test_process import DaemonProcess, hook, toml
 
@@ -89,18 +89,11 @@ async def test_an_undecodable_payload_fails_one_row_and_the_batch_proceeds(
     )
     await conn.execute("ALTER TABLE pgwork.reminder ENABLE TRIGGER reminder_before_update")
     async with running(config(), dsn):
-        await until(lambda: _settled(conn, 20), what="every row settled")
+        await until(lambda: settled(conn, 20), what="every row settled")
     ws = {w["business_key"]: w for w in await work(conn)}
     assert ws["k07"]["status"] == "dead" and "payload cannot be decoded" in ws["k07"]["dead_reason"]
     assert all(ws[k]["status"] == "delivered" for k in ws if k != "k07")
     assert len(sink.DELIVERED) == 19
-
-
-async def _settled(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
-    got = await rows(
-        conn, "SELECT count(*) AS n FROM pgwork.renewal_work WHERE status IN ('delivered', 'dead')"
-    )
-    return bool(got[0]["n"] == n)
 
 
 # -- item 3: payloads arrive exactly as stored -------------------------------------------------
@@ -245,7 +238,7 @@ async def test_a_gzip_bomb_does_not_grow_the_daemon(
             await anyio.to_thread.run_sync(d.wait_ready)
             for i in range(4):
                 await add(conn, f"k{i}", channel="hook")
-            await until(lambda: _settled(conn, 4), timeout=30, what="4 deliveries")
+            await until(lambda: settled(conn, 4), timeout=30, what="4 deliveries")
             peak_mb = _peak_rss_mb(d.proc.pid)
             d.signal(signal.SIGTERM)
             assert await anyio.to_thread.run_sync(d.wait) == 0
@@ -276,7 +269,7 @@ async def test_garbage_retry_after_keeps_the_http_status(
     with Receiver(script) as receiver:
         async with running(config(webhook_channel(receiver.url)), dsn):
             await add(conn, "k", channel="hook")
-            await until(lambda: _settled(conn, 1), what="delivered on the second attempt")
+            await until(lambda: settled(conn, 1), what="delivered on the second attempt")
     ledger = await rows(conn, "SELECT outcome, http_status FROM pgwork.attempt ORDER BY lease")
     assert [(x["outcome"], x["http_status"]) for x in ledger] == [
         ("retry", 503),
@@ -325,10 +318,10 @@ async def test_a_reminder_held_locked_is_named_in_a_warning_and_a_metric(
     async with await psycopg.AsyncConnection.connect(dsn) as app:
         await app.execute("SELECT 1 FROM pgwork.reminder WHERE id = %s FOR UPDATE", (ids[2],))
         async with running(config(), dsn) as d:
-            await until(lambda: _settled(conn, 4), what="the four others delivered")
+            await until(lambda: settled(conn, 4), what="the four others delivered")
             await until(lambda: _locked_metric(d, 0.5), what="the lock visible in the metric")
             await app.rollback()
-            await until(lambda: _settled(conn, 5), what="the fifth delivered once unlocked")
+            await until(lambda: settled(conn, 5), what="the fifth delivered once unlocked")
             await until(lambda: _locked_metric(d, None), what="the metric back to 0")
     named = [r for r in caplog.records if getattr(r, "reminder_id", None) == ids[2]]
     assert named and "row lock" in named[0].getMessage()

@@ -25,6 +25,7 @@ from .helpers import (
     add,
     config,
     count,
+    delivered,
     materialise,
     python_channel,
     rows,
@@ -247,20 +248,16 @@ async def test_duties_look_again_soon_after_a_long_outage(
         via = make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port))
         async with running(config(tick=120.0, connect_timeout=1.0), via):
             await add(conn, "before")
-            await until(lambda: _delivered(conn, 1), what="first delivery")
+            await until(lambda: delivered(conn, 1), what="first delivery")
             proxy.cut()
             await anyio.sleep(30)  # every duty's backoff grows to 8-30 s
             await add(conn, "after")  # due now; its NOTIFY is lost with the listener
             proxy.restore()
             back = time.monotonic()
-            await until(lambda: _delivered(conn, 2), timeout=30, what="delivery after recovery")
+            await until(lambda: delivered(conn, 2), timeout=30, what="delivery after recovery")
             took = time.monotonic() - back
             print(f"first delivery {took:.2f}s after the database came back")
     assert took < 4.0, f"first delivery {took:.1f}s after the database came back"
-
-
-async def _delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
-    return await count(conn, "status = 'delivered'") == n
 
 
 # -- item 10: lag without a daemon -------------------------------------------------------------

@@ -23,6 +23,7 @@ from .helpers import (
     add,
     claim,
     config,
+    delivered,
     materialise,
     rows,
     running,
@@ -354,16 +355,9 @@ async def test_a_receiver_answering_nul_characters_cannot_stall_the_channel(
         async with running(config(webhook_channel(receiver.url)), dsn):
             for i in range(5):
                 await add(conn, f"k{i}", channel="hook")
-            await until(lambda: _all_delivered(conn, 5), what="all delivered after one retry")
+            await until(lambda: delivered(conn, 5), what="all delivered after one retry")
     ledger = await rows(conn, "SELECT outcome, error FROM pgwork.attempt WHERE outcome = 'retry'")
     assert len(ledger) == 5 and all("\x00" not in (x["error"] or "") for x in ledger)
     assert any("bad" in (x["error"] or "") for x in ledger)
     receipts = await rows(conn, "SELECT receipt FROM pgwork.attempt WHERE outcome = 'delivered'")
     assert [r["receipt"]["body"] for r in receipts] == [{"ok": "", "receipt": "ok"}] * 5
-
-
-async def _all_delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
-    got = await rows(
-        conn, "SELECT count(*) AS n FROM pgwork.renewal_work WHERE status = 'delivered'"
-    )
-    return bool(got[0]["n"] == n)

@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgwork.config import ConfigError, load
 
-from .helpers import add, rows, until
+from .helpers import add, rows, settled, until
 from .receiver import Answer, Receiver, Request
 from .test_cli import ROOT, pgwork
 from .test_process import DaemonProcess, hook, toml
@@ -114,7 +114,7 @@ async def test_no_planted_secret_appears_anywhere(
             for key in ("echo-400", "echo-500", "plain"):
                 await add(conn, key, channel="hook")
             await add(conn, "tenant:jane", channel="log", recipient="jane@example.com")
-            await until(lambda: _settled(conn, 4), timeout=30, what="four rows settled")
+            await until(lambda: settled(conn, 4), timeout=30, what="four rows settled")
             requests = receiver.requests
             assert any(TOKEN in json.dumps(r.headers) for r in requests)  # it was really sent
             cfg_path = tmp_path / "secrets.toml"
@@ -147,13 +147,6 @@ async def test_no_planted_secret_appears_anywhere(
         *[(f"CLI output {i}", o) for i, o in enumerate(outputs)],
     ]:
         assert _leaks(text) == [], where
-
-
-async def _settled(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
-    got = await rows(
-        conn, "SELECT count(*) AS n FROM pgwork.renewal_work WHERE status IN ('delivered', 'dead')"
-    )
-    return bool(got[0]["n"] == n)
 
 
 async def _dead_id(conn: psycopg.AsyncConnection[Any]) -> str:
