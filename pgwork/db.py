@@ -87,6 +87,12 @@ def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncC
     )
 
 
+async def probe(dsn: str, timeout: float) -> None:
+    """Connect and disconnect: :raises: whatever connecting raises."""
+    conn = await connect(dsn, timeout=timeout)
+    await conn.close()
+
+
 async def wait_until_reachable(
     dsn: str, *, timeout: float, stop: anyio.Event, on_failure: Callable[[], None] | None = None
 ) -> bool:

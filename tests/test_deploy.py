@@ -61,11 +61,11 @@ def test_unit_exposure_is_low(unit: str) -> None:
 
 def test_service_stop_timeout_exceeds_grace() -> None:
     from pgwork.config import Config
-    from pgwork.daemon import FINAL_STEPS_TIMEOUT
+    from pgwork.duties.deliver import Deliveries
 
     text = (ROOT / "systemd" / "pgwork.service").read_text()
     stop = int(re.search(r"^TimeoutStopSec=(\d+)s$", text, re.MULTILINE).group(1))  # type: ignore[union-attr]
-    assert stop > Config().shutdown_grace + FINAL_STEPS_TIMEOUT
+    assert stop > Config().shutdown_grace + Deliveries.FINAL_STEPS_TIMEOUT
     assert "Type=notify" in text and re.search(r"^WatchdogSec=", text, re.MULTILINE)
 
 

@@ -1,5 +1,6 @@
 """Claim/deliver duty: per channel, claim due rows with SKIP LOCKED in short transactions,
-deliver outside any transaction, and hand the outcome to the outcome writer."""
+deliver outside any transaction, and hand the outcome to the outcome writer. ``Deliveries`` runs
+every channel and owns the delivery side of the two-stage stop."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ..channels.policy import decide
 from ..clock import Clock
 from ..supervise import Next, Supervisor
 from ..waker import Waker, WakerGroup
-from .leases import Held, Leases
+from .leases import Held, Leases, release_all
 from .outcomes import OutcomeWriter, Record
 
 log = logging.getLogger("pgwork.worker")
@@ -355,3 +356,124 @@ class ChannelWorker:
         self._m_held.set(self.held)
         if self.max_held - self.held >= max(1, min(self.claim_batch, self.max_held) // 2):
             self.waker.wake("slot")
+
+
+class Deliveries:
+    """Every configured channel's claim loop and workers, as one duty.
+
+    Started, it makes the channels known to the database (reminders naming them are accepted),
+    starts each claim loop and its workers. ``stop`` is the delivery side of the two-stage stop:
+    claiming stops at once, queued rows are not started, deliveries in flight get ``grace``
+    seconds (or less on a hard stop), then pending outcomes are written and the rows still held
+    are released without counting an attempt.
+    """
+
+    #: How often the stop looks whether every held row has settled, seconds.
+    IDLE_POLL = 0.02
+    #: Bound on the final flush and release after the grace period, seconds.
+    FINAL_STEPS_TIMEOUT = 10.0
+
+    def __init__(
+        self,
+        channels: dict[str, Channel],
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        writer: OutcomeWriter,
+        leases: Leases,
+        sup: Supervisor,
+        *,
+        identity: tuple[str, str, int],
+        lease: float,
+        claim_batch: int,
+        tick: float,
+        clock: Clock,
+        woken_by: WakerGroup,
+    ) -> None:
+        self.pool = pool
+        self.writer = writer
+        self.leases = leases
+        self.identity = identity
+        self.workers = [
+            ChannelWorker(
+                ch,
+                pool,
+                writer,
+                leases,
+                sup,
+                daemon_id=identity[0],
+                lease=lease,
+                claim_batch=claim_batch,
+                tick=tick,
+                clock=clock,
+                woken_by=woken_by,
+            )
+            for ch in channels.values()
+        ]
+        self._work: TaskGroup | None = None
+        self._stopped = anyio.Event()
+
+    @property
+    def held(self) -> int:
+        """Rows claimed by this daemon and not yet settled."""
+        return sum(w.held for w in self.workers)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Claim loops stop cooperatively (a flag), so a stop never cancels a claim statement;
+        the work group holds only the delivery workers."""
+        names = [w.name for w in self.workers]
+        kinds = [w.channel.config.kind for w in self.workers]
+        async with self.pool.connection() as conn, conn.transaction():
+            await store.register_channels(conn, names=names, kinds=kinds)
+        async with anyio.create_task_group() as claims:
+            for w in self.workers:
+                await claims.start(w.run)
+            async with anyio.create_task_group() as work:
+                for w in self.workers:
+                    w.start_workers(work)
+                self._work = work
+                task_status.started()
+            for w in self.workers:
+                w.close()
+            self._stopped.set()
+
+    async def stop(self, grace: float, hard: anyio.Event) -> None:
+        """Stop claiming; return once every delivery in flight has ended (settled, or cancelled
+        by the grace deadline or by ``hard``)."""
+        assert self._work is not None, "stop() before run() started"
+        work = self._work
+        for w in self.workers:
+            w.stop_claiming()
+            w.stop_taking()
+        work.cancel_scope.deadline = anyio.current_time() + grace
+
+        async def hard_stop() -> None:
+            await hard.wait()
+            log.warning("second stop request: cancelling in-flight deliveries")
+            work.cancel_scope.cancel()
+
+        async def done_when_idle() -> None:
+            # Shutdown only: a short poll is simpler than an event per worker.
+            while self.held:  # noqa: ASYNC110
+                await anyio.sleep(self.IDLE_POLL)
+            work.cancel_scope.cancel()
+
+        work.start_soon(hard_stop)
+        work.start_soon(done_when_idle)
+        await self._stopped.wait()
+        await self._final_steps()
+
+    async def _final_steps(self) -> None:
+        """Bounded: write what is pending, then give back what we still hold."""
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(self.FINAL_STEPS_TIMEOUT) as scope,
+        ):
+            await self.writer.drain()
+            released = await release_all(self.pool, self.leases, self.identity)
+            if released:
+                log.info("released %d rows without counting an attempt", released)
+        if scope.cancelled_caught:
+            log.error(
+                "final flush/release did not finish in %ss; held rows return when their "
+                "lease expires",
+                self.FINAL_STEPS_TIMEOUT,
+            )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import anyio
@@ -61,25 +61,18 @@ def publish(m: Metrics, r: Reading) -> None:
     m.retention_oldest.set(r.retention.oldest_terminal_age_seconds or 0)
 
 
+@dataclass(eq=False)
 class Gauges:
     """The gauges duty: refreshes the database-derived gauges every ``interval`` (so a scrape
     never runs a query) and the one-line summary systemd shows. Runs only while metrics are on."""
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[AsyncConnection[Any]],
-        sup: Supervisor,
-        *,
-        interval: float,
-        rows_held: Callable[[], int],
-        listener_up: Callable[[], bool],
-    ) -> None:
-        self.pool = pool
-        self.sup = sup
-        self.interval = interval
-        self.rows_held = rows_held
-        self.listener_up = listener_up
-        self.summary = "running"
+    pool: AsyncConnectionPool[AsyncConnection[Any]]
+    sup: Supervisor
+    _: KW_ONLY
+    interval: float
+    rows_held: Callable[[], int]
+    listener_up: Callable[[], bool]
+    summary: str = field(default="running", init=False)
 
     async def step(self) -> Next:
         async with self.pool.connection() as conn:

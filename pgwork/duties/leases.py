@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -88,30 +88,24 @@ async def release_all(
     return len(rows)
 
 
+@dataclass(eq=False)
 class Heartbeat:
     """The heartbeat duty, every lease/3: extend every held lease (a lease lost meanwhile is
     logged; its late outcome will be fenced), refresh this daemon's row with its listener state,
     forget daemons silent for long, and re-read the database's clock."""
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[AsyncConnection[Any]],
-        leases: Leases,
-        sup: Supervisor,
-        *,
-        lease: float,
-        identity: tuple[str, str, int],
-        clock: Clock,
-        listener_up: Callable[[], bool],
-    ) -> None:
-        self.pool = pool
-        self.leases = leases
-        self.sup = sup
-        self.lease = lease
-        self.identity = identity
-        self.daemon_id = identity[0]
-        self.clock = clock
-        self.listener_up = listener_up
+    pool: AsyncConnectionPool[AsyncConnection[Any]]
+    leases: Leases
+    sup: Supervisor
+    _: KW_ONLY
+    lease: float
+    identity: tuple[str, str, int]
+    clock: Clock
+    listener_up: Callable[[], bool]
+
+    @property
+    def daemon_id(self) -> str:
+        return self.identity[0]
 
     @property
     def every(self) -> float:
@@ -144,6 +138,8 @@ class Heartbeat:
                 version=__version__,
                 heartbeat_every=timedelta(seconds=self.every),
             )
+            await self.clock.sync(conn)
+        self.clock.warn_if_skewed()
         try:
             await self.sup.loop(
                 "heartbeat", self.step, first=Next(self.every, "tick"), task_status=task_status

@@ -4,6 +4,7 @@ in-process wake-ups. It is only ever a hint: every loop also has its timed tick.
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ WORK_CHANNEL = "pgwork_work"
 CHANNELS = (REMINDER_CHANNEL, WORK_CHANNEL)
 
 
+@dataclass(eq=False)
 class Listener:
     """One pass = one connection's life: connect, refuse a standby, LISTEN, wake everyone once
     (notifications sent while away are lost), then turn notifications into wake-ups, pinging
@@ -31,22 +33,14 @@ class Listener:
     #: Seconds of silence before the connection is pinged.
     PING_INTERVAL = 10.0
 
-    def __init__(
-        self,
-        dsn: str,
-        sup: Supervisor,
-        materialiser: Waker,
-        workers: WakerGroup,
-        *,
-        connect_timeout: float = 5.0,
-    ) -> None:
-        self.dsn = dsn
-        self.sup = sup
-        self.materialiser = materialiser
-        self.workers = workers
-        self.connect_timeout = connect_timeout
-        self.up = False
-        self._first = anyio.Event()
+    dsn: str
+    sup: Supervisor
+    materialiser: Waker
+    workers: WakerGroup
+    _: KW_ONLY
+    connect_timeout: float = 5.0
+    up: bool = field(default=False, init=False)
+    _first: anyio.Event = field(default_factory=anyio.Event, init=False)
 
     def _set_up(self, up: bool) -> None:
         self.up = up

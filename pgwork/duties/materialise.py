@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -188,29 +188,21 @@ async def run_once(
     )
 
 
+@dataclass(eq=False)
 class Materialiser:
     """The materialiser duty: a pass on NOTIFY (the listener wakes ``waker``), on the timed tick
     (the correctness floor) and on a timer set to the next known occurrence; the delivery loops
     are woken as soon as a page made rows."""
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[AsyncConnection[Any]],
-        sup: Supervisor,
-        work_made: WakerGroup,
-        *,
-        tick: float,
-        lookahead: float,
-        page_size: int,
-    ) -> None:
-        self.pool = pool
-        self.sup = sup
-        self.work_made = work_made
-        self.tick = tick
-        self.lookahead = lookahead
-        self.page_size = page_size
-        self.waker = Waker()
-        self.stalls = Stalls()
+    pool: AsyncConnectionPool[AsyncConnection[Any]]
+    sup: Supervisor
+    work_made: WakerGroup
+    _: KW_ONLY
+    tick: float
+    lookahead: float
+    page_size: int
+    waker: Waker = field(default_factory=Waker)
+    stalls: Stalls = field(default_factory=Stalls)
 
     async def step(self) -> Next:
         m = self.sup.metrics

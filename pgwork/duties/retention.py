@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -156,25 +156,21 @@ class Retention:
         )
 
 
+@dataclass(eq=False)
 class RetentionDuty:
     """The retention duty: a pass every ``interval`` on its own connection (``retention.dsn``
     may name other credentials), with per-batch limits; each batch counts as progress for the
     watchdog, so a pass over a large backlog is never taken for a stuck one."""
 
-    def __init__(
-        self,
-        dsn: str,
-        policy: RetentionPolicy,
-        sup: Supervisor,
-        *,
-        interval: float,
-        connect_timeout: float,
-    ) -> None:
-        self.dsn = dsn
-        self.sup = sup
-        self.interval = interval
-        self.connect_timeout = connect_timeout
-        self.retention = Retention(policy, sup.metrics)
+    dsn: str
+    policy: RetentionPolicy
+    sup: Supervisor
+    _: KW_ONLY
+    interval: float
+    connect_timeout: float
+
+    def __post_init__(self) -> None:
+        self.retention = Retention(self.policy, self.sup.metrics)
 
     async def step(self) -> Next:
         conn = await db.connect(self.dsn, timeout=self.connect_timeout)
