@@ -1,4 +1,4 @@
--- pgwork schema, version 2. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 3. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (2);
+INSERT INTO pgwork.schema_version (version) VALUES (3);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -299,6 +299,21 @@ RETURNS uuid LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 COMMENT ON FUNCTION pgwork.operation_id(bigint, text, text, timestamptz, interval) IS
     'The stable idempotency key of one occurrence; a function of its identity only.';
+
+CREATE FUNCTION pgwork.is_terminal(status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN status IN ('delivered', 'dead', 'cancelled', 'superseded');
+COMMENT ON FUNCTION pgwork.is_terminal(text) IS
+    'Whether a work status is final (queries use this; inlined, it still matches the work_terminal index).';
+
+CREATE FUNCTION pgwork.unwanted(reminder_id bigint, reminder_due_at timestamptz,
+                                remind_before interval[], deadline timestamptz, occurrence interval)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
+            WHEN reminder_due_at <> deadline OR NOT occurrence = ANY (remind_before) THEN 'superseded'
+       END;
+COMMENT ON FUNCTION pgwork.unwanted(bigint, timestamptz, interval[], timestamptz, interval) IS
+    'Why an occurrence is no longer wanted by its reminder (a missing reminder: cancelled; a moved deadline or a dropped remind_before entry: superseded), or NULL while it is.';
 
 CREATE FUNCTION pgwork.jsonb_nesting_within(doc jsonb, max_depth integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$

@@ -129,10 +129,8 @@ class Daemon:
             writer,
             leases,
             sup,
+            cfg,
             identity=self.identity,
-            lease=cfg.lease,
-            claim_batch=cfg.claim_batch,
-            tick=cfg.tick,
             clock=self.clock,
             woken_by=work_made,
         )

@@ -101,30 +101,30 @@ async def wait_until_reachable(
 
     :raises SchemaError: when the schema is missing, older or newer than this code.
     """
-    backoff = Backoff()
-    while not stop.is_set():
-        try:
-            conn = await connect(dsn, timeout=timeout)
-        except Exception as e:
-            delay = backoff.next()
-            log.error(
-                "database unreachable (%s); retrying in %.1fs: %s",
-                describe(dsn),
-                delay,
-                redact(str(e)).strip(),
-                extra={"error_class": type(e).__name__},
-            )
-            if on_failure is not None:
-                on_failure()
-            with anyio.move_on_after(delay):
-                await stop.wait()
-            continue
-        try:
-            await check_schema(conn)
-        finally:
-            await conn.close()
-        return True
-    return False
+    conn: AsyncConnection[Any] | None = None
+
+    async def attempt() -> None:
+        nonlocal conn
+        conn = await connect(dsn, timeout=timeout)
+
+    def failed(e: Exception, delay: float) -> None:
+        log.error(
+            "database unreachable (%s); retrying in %.1fs: %s",
+            describe(dsn),
+            delay,
+            redact(str(e)).strip(),
+            extra={"error_class": type(e).__name__},
+        )
+        if on_failure is not None:
+            on_failure()
+
+    if not await Backoff().until_done(attempt, failed, stop) or conn is None:
+        return False
+    try:
+        await check_schema(conn)
+    finally:
+        await conn.close()
+    return True
 
 
 async def schema_version(conn: AsyncConnection[Any]) -> int | None:

@@ -35,194 +35,157 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry(auto_describe=True)
+
+        def counter(name: str, help: str, *labels: str) -> Counter:
+            return Counter(name, help, labels, registry=r)
+
+        def gauge(name: str, help: str, *labels: str) -> Gauge:
+            return Gauge(name, help, labels, registry=r)
+
+        def histogram(
+            name: str, help: str, *labels: str, buckets: tuple[float, ...] = _DURATION_BUCKETS
+        ) -> Histogram:
+            return Histogram(name, help, labels, buckets=buckets, registry=r)
+
         # Delivery
-        self.attempts = Counter(
-            "pgwork_attempts",
-            "Delivery attempts by channel and outcome.",
-            ["channel", "outcome"],
-            registry=r,
+        self.attempts = counter(
+            "pgwork_attempts", "Delivery attempts by channel and outcome.", "channel", "outcome"
         )
-        self.lateness = Histogram(
+        self.lateness = histogram(
             "pgwork_lateness_seconds",
             "Delivered at minus due at, per delivered occurrence.",
-            ["channel"],
+            "channel",
             buckets=_LATENESS_BUCKETS,
-            registry=r,
         )
-        self.delivery_duration = Histogram(
+        self.delivery_duration = histogram(
             "pgwork_delivery_duration_seconds",
             "Time spent in the channel per attempt.",
-            ["channel"],
-            buckets=_DURATION_BUCKETS,
-            registry=r,
+            "channel",
         )
-        self.claimed = Counter(
-            "pgwork_claimed", "Rows claimed for delivery.", ["channel"], registry=r
-        )
-        self.closed_at_claim = Counter(
+        self.claimed = counter("pgwork_claimed", "Rows claimed for delivery.", "channel")
+        self.closed_at_claim = counter(
             "pgwork_closed_at_claim",
             "Rows the claim closed instead of sending (reason: cancelled, superseded, dead).",
-            ["channel", "reason"],
-            registry=r,
+            "channel",
+            "reason",
         )
-        self.lease_reclaims = Counter(
-            "pgwork_lease_reclaims",
-            "Rows claimed again after a lease expired.",
-            ["channel"],
-            registry=r,
+        self.lease_reclaims = counter(
+            "pgwork_lease_reclaims", "Rows claimed again after a lease expired.", "channel"
         )
-        self.fenced = Counter(
+        self.fenced = counter(
             "pgwork_fenced_completions",
             "Late outcomes refused because the lease had passed to another worker.",
-            registry=r,
         )
-        self.duplicates = Counter(
+        self.duplicates = counter(
             "pgwork_duplicates_suppressed",
             "Receivers answering that they already had the occurrence.",
-            ["channel"],
-            registry=r,
+            "channel",
         )
-        self.rows_held = Gauge(
+        self.rows_held = gauge(
             "pgwork_rows_held",
-            "Rows this daemon holds claimed: queued, being delivered, or waiting for their "
-            "outcome to be written.",
-            ["channel"],
-            registry=r,
+            "Rows this daemon holds claimed: queued, being delivered, or waiting for their outcome to be written.",
+            "channel",
         )
-        self.deliveries_active = Gauge(
+        self.deliveries_active = gauge(
             "pgwork_deliveries_active",
             "Deliveries inside the channel right now (at most its concurrency).",
-            ["channel"],
-            registry=r,
+            "channel",
         )
-        self.outcome_flushes = Counter(
-            "pgwork_outcome_flushes", "Outcome batches written.", registry=r
-        )
-        self.outcomes_pending = Gauge(
-            "pgwork_outcomes_pending", "Outcomes waiting to be written to the database.", registry=r
+        self.outcome_flushes = counter("pgwork_outcome_flushes", "Outcome batches written.")
+        self.outcomes_pending = gauge(
+            "pgwork_outcomes_pending", "Outcomes waiting to be written to the database."
         )
         # Materialiser
-        self.materialised = Counter(
-            "pgwork_materialised_rows", "Work rows materialised.", registry=r
-        )
-        self.materialiser_cutoff = Gauge(
+        self.materialised = counter("pgwork_materialised_rows", "Work rows materialised.")
+        self.materialiser_cutoff = gauge(
             "pgwork_materialiser_cutoff_timestamp_seconds",
             "Cutoff of this daemon's last complete materialiser pass (Unix time).",
-            registry=r,
         )
-        self.materialiser_pass = Histogram(
+        self.materialiser_pass = histogram(
             "pgwork_materialiser_pass_seconds",
             "Duration of complete materialiser passes.",
-            buckets=_DURATION_BUCKETS,
-            registry=r,
         )
-        self.materialiser_locked = Gauge(
+        self.materialiser_locked = gauge(
             "pgwork_materialiser_locked_seconds",
-            "How long the earliest due reminder has been skipped because another transaction "
-            "holds its row lock (0 when none).",
-            registry=r,
+            "How long the earliest due reminder has been skipped because another transaction holds its row lock (0 when none).",
         )
-        self.materialiser_busy = Gauge(
+        self.materialiser_busy = gauge(
             "pgwork_materialiser_busy_seconds",
             "How long another materialiser has held the coordination lock (0 when free).",
-            registry=r,
         )
         # Loops
-        self.listener_up = Gauge(
-            "pgwork_listener_up", "1 while the LISTEN connection is up.", registry=r
-        )
-        self.wakeups = Counter(
+        self.listener_up = gauge("pgwork_listener_up", "1 while the LISTEN connection is up.")
+        self.wakeups = counter(
             "pgwork_wakeups",
             "Loop wake-ups by duty and cause (notify, tick, timer, local).",
-            ["duty", "cause"],
-            registry=r,
+            "duty",
+            "cause",
         )
-        self.duty_failures = Counter(
-            "pgwork_duty_failures",
-            "Passes of a duty that raised (and were retried).",
-            ["duty"],
-            registry=r,
+        self.duty_failures = counter(
+            "pgwork_duty_failures", "Passes of a duty that raised (and were retried).", "duty"
         )
-        self.duty_restarts = Counter(
-            "pgwork_duty_restarts",
-            "Times a duty loop resumed after a failure.",
-            ["duty"],
-            registry=r,
+        self.duty_restarts = counter(
+            "pgwork_duty_restarts", "Times a duty loop resumed after a failure.", "duty"
         )
-        self.duty_last_success = Gauge(
+        self.duty_last_success = gauge(
             "pgwork_duty_last_success_timestamp_seconds",
             "When a duty last completed a pass (Unix time).",
-            ["duty"],
-            registry=r,
+            "duty",
         )
         # Database-derived, refreshed by the metrics duty
-        self.lag = Gauge(
+        self.lag = gauge(
             "pgwork_lag_seconds",
-            "Now minus the due time of the oldest overdue occurrence, materialised or not "
-            "(0 when none).",
-            registry=r,
+            "Now minus the due time of the oldest overdue occurrence, materialised or not (0 when none).",
         )
-        self.oldest_ready = Gauge(
+        self.oldest_ready = gauge(
             "pgwork_oldest_ready_seconds",
             "Age of the oldest claimable row since it became available.",
-            registry=r,
         )
-        self.work_rows = Gauge(
+        self.work_rows = gauge(
             "pgwork_work_rows",
             "Live work rows (ready, claimed) and dead letters by channel and status.",
-            ["channel", "status"],
-            registry=r,
+            "channel",
+            "status",
         )
-        self.dead_letters = Gauge("pgwork_dead_letters", "Work rows in the dead state.", registry=r)
-        self.gauge_refresh = Gauge(
+        self.dead_letters = gauge("pgwork_dead_letters", "Work rows in the dead state.")
+        self.gauge_refresh = gauge(
             "pgwork_gauge_refresh_seconds",
             "How long the last refresh of the database-derived gauges took.",
-            registry=r,
         )
         # Retention
-        self.retention_deleted = Counter(
-            "pgwork_retention_deleted_rows", "Terminal work rows deleted by retention.", registry=r
+        self.retention_deleted = counter(
+            "pgwork_retention_deleted_rows", "Terminal work rows deleted by retention."
         )
-        self.retention_batch = Histogram(
+        self.retention_batch = histogram(
             "pgwork_retention_batch_seconds",
             "Duration of retention batches (one transaction each).",
-            buckets=_DURATION_BUCKETS,
-            registry=r,
         )
-        self.retention_timeouts = Counter(
+        self.retention_timeouts = counter(
             "pgwork_retention_timeouts",
             "Retention batches that hit their statement or lock timeout.",
-            registry=r,
         )
-        self.retention_oldest = Gauge(
+        self.retention_oldest = gauge(
             "pgwork_retention_oldest_terminal_age_seconds",
             "Age of the oldest terminal work row kept.",
-            registry=r,
         )
-        self.retention_paused = Gauge(
-            "pgwork_retention_paused", "1 while retention is paused.", registry=r
-        )
-        self.retention_last_pass = Gauge(
+        self.retention_paused = gauge("pgwork_retention_paused", "1 while retention is paused.")
+        self.retention_last_pass = gauge(
             "pgwork_retention_last_pass_timestamp_seconds",
             "When retention last completed a pass (Unix time).",
-            registry=r,
         )
         # Database health
-        self.dead_tuples = Gauge(
+        self.dead_tuples = gauge(
             "pgwork_table_dead_tuples",
             "Dead tuples in pgwork's tables (pg_stat_user_tables).",
-            ["table"],
-            registry=r,
+            "table",
         )
-        self.xmin_horizon_age = Gauge(
+        self.xmin_horizon_age = gauge(
             "pgwork_xmin_horizon_age_seconds",
             "Age of the oldest transaction in this database holding back vacuum.",
-            registry=r,
         )
-        self.xmin_horizon_xids = Gauge(
+        self.xmin_horizon_xids = gauge(
             "pgwork_xmin_horizon_age_xids",
             "Transaction-id age of the oldest xmin holding back vacuum (sessions and replication slots).",
-            registry=r,
         )
 
 

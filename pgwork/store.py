@@ -270,19 +270,29 @@ async def daemons(conn: Conn) -> list[DaemonRow]:
 
 
 @dataclass(frozen=True)
-class Claimed:
+class Occurrence:
+    """One occurrence of a reminder: what every attempt to send it shares."""
+
+    #: Stable idempotency key of the occurrence (same on every attempt and after redrive).
+    operation_id: UUID
+    source: str
+    business_key: str
+    #: The reminder's deadline.
+    deadline: datetime
+    #: How long before the deadline this send is (``timedelta(0)``: at the deadline).
+    occurrence: timedelta
+    #: When this occurrence was due (deadline minus occurrence).
+    due_at: datetime
+    channel: str
+
+
+@dataclass(frozen=True)
+class Claimed(Occurrence):
     """A row the claim statement touched: claimed for delivery (``status == 'claimed'``), or
     closed instead of sent (cancelled, superseded, dead)."""
 
     id: int
     reminder_id: int
-    source: str
-    business_key: str
-    deadline: datetime
-    occurrence: timedelta
-    due_at: datetime
-    channel: str
-    operation_id: UUID
     status: str
     attempts: int
     attempts_base: int

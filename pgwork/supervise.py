@@ -103,6 +103,27 @@ class Backoff:
     def reset(self) -> None:
         self.failures = 0
 
+    async def until_done(
+        self,
+        attempt: Callable[[], Awaitable[None]],
+        on_error: Callable[[Exception, float], None],
+        stop: anyio.Event | None = None,
+    ) -> bool:
+        """The one retry shape for work that must finish (a startup wait, an outcome flush):
+        run ``attempt`` until it returns, calling ``on_error(exc, delay)`` (log, count) and
+        waiting ``delay`` after each failure. False when ``stop`` is set before it succeeds."""
+        while stop is None or not stop.is_set():
+            try:
+                await attempt()
+            except Exception as e:
+                delay = self.next()
+                on_error(e, delay)
+                with anyio.move_on_after(delay):
+                    await (stop or anyio.Event()).wait()
+                continue
+            return True
+        return False
+
 
 @dataclass
 class Supervisor:

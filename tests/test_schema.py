@@ -81,16 +81,19 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     return out
 
 
-async def test_upgrade_from_version_1_equals_a_fresh_install(
-    empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
+@pytest.mark.parametrize("old", [1, 2])
+async def test_upgrade_equals_a_fresh_install(
+    old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """Every migration brings an existing database to exactly the schema a fresh install has."""
-    v1 = (Path(__file__).parent / "data" / "schema_v1.sql").read_text()
+    schema = (Path(__file__).parent / "data" / f"schema_v{old}.sql").read_text()
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
-        await c.execute(v1)
+        await c.execute(schema)
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
         await add(c, "kept-through-upgrade", "now() + interval '1 day'")
-        assert "upgraded pgwork schema from version 1 to 2" in await db.migrate(c)
+        assert f"upgraded pgwork schema from version {old} to {SCHEMA_VERSION}" in await db.migrate(
+            c
+        )
         await db.check_schema(c)
         upgraded = await _catalog(c)
         assert len(await rows(c, "SELECT * FROM pgwork.reminder_status")) == 1
@@ -383,3 +386,31 @@ def test_every_named_statement_has_one_typed_function() -> None:
         if path.name not in ("store.py", "queries.py"):
             text = path.read_text()
             assert 'Q["' not in text and "fetch_all(" not in text, path
+
+
+async def test_is_terminal_agrees_with_the_table(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The statements ask ``pgwork.is_terminal``; the table's constraint and its index spell the
+    terminal statuses out. All three must name the same set, and the planner must still use the
+    terminal index for a query that asks the function."""
+    statuses = ["ready", "claimed", "delivered", "dead", "cancelled", "superseded"]
+    terminal = {
+        r["s"]
+        for r in await rows(
+            conn, "SELECT s FROM unnest(%s::text[]) s WHERE pgwork.is_terminal(s)", [statuses]
+        )
+    }
+    index = await rows(
+        conn,
+        "SELECT pg_get_expr(indpred, indrelid) AS pred FROM pg_index"
+        " WHERE indexrelid = 'pgwork.work_terminal'::regclass",
+    )
+    named = {s for s in statuses if f"'{s}'" in index[0]["pred"]}
+    assert terminal == named == {"delivered", "dead", "cancelled", "superseded"}
+    async with conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        plan = await rows(
+            conn,
+            "EXPLAIN SELECT min(finished_at) FROM pgwork.renewal_work"
+            " WHERE pgwork.is_terminal(status)",
+        )
+    assert "work_terminal" in "\n".join(r["QUERY PLAN"] for r in plan)

@@ -6,30 +6,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, Protocol
-from uuid import UUID
 
 from ..config import ChannelConfig
+from ..store import Occurrence
 
 
 @dataclass(frozen=True)
-class Delivery:
+class Delivery(Occurrence):
     """One attempt to deliver one reminder occurrence."""
 
     work_id: int
-    #: Stable idempotency key of the occurrence (same on every attempt and after redrive).
-    operation_id: UUID
-    source: str
-    business_key: str
-    #: The reminder's deadline.
-    deadline: datetime
-    #: How long before the deadline this send is (``timedelta(0)``: at the deadline).
-    occurrence: timedelta
-    #: When this occurrence was due (deadline minus occurrence).
-    due_at: datetime
-    channel: str
     recipient: str
     #: The payload as the database stores it (JSON text): numbers exactly as written, never
     #: round-tripped through floats. Webhooks receive this text as it is.

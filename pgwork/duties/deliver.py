@@ -21,6 +21,7 @@ from .. import store
 from ..channels import Channel, Delivered, Delivery, Retry
 from ..channels.policy import decide
 from ..clock import Clock
+from ..config import Config
 from ..supervise import Next, Supervisor
 from ..waker import Waker, WakerGroup
 from .leases import Held, Leases, release_all
@@ -51,11 +52,9 @@ class ChannelWorker:
         writer: OutcomeWriter,
         leases: Leases,
         sup: Supervisor,
+        cfg: Config,
         *,
         daemon_id: str,
-        lease: float,
-        claim_batch: int,
-        tick: float,
         clock: Clock | None = None,
         woken_by: WakerGroup | None = None,
     ) -> None:
@@ -72,9 +71,9 @@ class ChannelWorker:
         self.leases = leases
         self.metrics = metrics
         self.daemon_id = daemon_id
-        self.lease = timedelta(seconds=lease)
-        self.claim_batch = claim_batch
-        self.tick = tick
+        self.lease = timedelta(seconds=cfg.lease)
+        self.claim_batch = claim_batch = cfg.claim_batch
+        self.tick = cfg.tick
         self.waker = Waker()
         if woken_by is not None:
             woken_by.add(self.waker)  # rows made (materialiser), NOTIFY (listener)
@@ -380,11 +379,9 @@ class Deliveries:
         writer: OutcomeWriter,
         leases: Leases,
         sup: Supervisor,
+        cfg: Config,
         *,
         identity: tuple[str, str, int],
-        lease: float,
-        claim_batch: int,
-        tick: float,
         clock: Clock,
         woken_by: WakerGroup,
     ) -> None:
@@ -399,10 +396,8 @@ class Deliveries:
                 writer,
                 leases,
                 sup,
+                cfg,
                 daemon_id=identity[0],
-                lease=lease,
-                claim_batch=claim_batch,
-                tick=tick,
                 clock=clock,
                 woken_by=woken_by,
             )

@@ -267,28 +267,28 @@ class OutcomeWriter:
 
     async def _flush(self, batch: _Batch, limiter: anyio.Semaphore) -> None:
         backoff = Backoff()
+
+        async def write() -> None:
+            self.health.begin(f"outcomes:{id(batch)}")
+            try:
+                await self._write(batch)
+            finally:
+                self.health.end(f"outcomes:{id(batch)}")
+
+        def failed(e: Exception, delay: float) -> None:
+            self.metrics.duty_failures.labels("outcomes").inc()
+            log.error(
+                "writing %d outcomes failed; retrying in %.1fs: %s",
+                len(batch.records),
+                delay,
+                e,
+                extra={"duty": "outcomes", "error_class": type(e).__name__},
+            )
+
         try:
-            while True:
-                self.health.begin(f"outcomes:{id(batch)}")
-                try:
-                    await self._write(batch)
-                except Exception as e:
-                    delay = backoff.next()
-                    self.metrics.duty_failures.labels("outcomes").inc()
-                    log.error(
-                        "writing %d outcomes failed; retrying in %.1fs: %s",
-                        len(batch.records),
-                        delay,
-                        e,
-                        extra={"duty": "outcomes", "error_class": type(e).__name__},
-                    )
-                    await anyio.sleep(delay)
-                    continue
-                finally:
-                    self.health.end(f"outcomes:{id(batch)}")
-                if backoff.failures:
-                    self.metrics.duty_restarts.labels("outcomes").inc()
-                break
+            await backoff.until_done(write, failed)
+            if backoff.failures:
+                self.metrics.duty_restarts.labels("outcomes").inc()
         finally:
             self._writing -= len(batch.records)
             limiter.release()

@@ -181,10 +181,9 @@ WITH candidate AS MATERIALIZED (
 ), judged AS (
     SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
            w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
-           CASE WHEN r.id IS NULL THEN 'cancelled'
-                WHEN r.due_at <> w.deadline OR NOT w.occurrence = ANY (r.remind_before) THEN 'superseded'
-                WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
-                ELSE 'claimed' END AS verdict,
+           coalesce(pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence),
+                    CASE WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
+                         ELSE 'claimed' END) AS verdict,
            -- The payload as text: nothing in the claim decodes it (one undecodable payload
            -- cannot fail a batch), and receivers get it exactly as stored.
            r.recipient, r.payload::text AS payload
@@ -258,7 +257,7 @@ WITH o AS (
     UPDATE pgwork.renewal_work w
        SET status = o.status,
            available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
-           finished_at = CASE WHEN o.status IN ('delivered', 'dead') THEN now() END,
+           finished_at = CASE WHEN pgwork.is_terminal(o.status) THEN now() END,
            last_error = o.error,
            dead_reason = CASE WHEN o.status = 'dead' THEN coalesce(o.error, o.outcome) END
       FROM o
@@ -363,9 +362,8 @@ SELECT lease, attempt, outcome, daemon_id, host, pid, started_at, finished_at, h
 -- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
 WITH target AS (
     SELECT w.id,
-           CASE WHEN r.id IS NULL THEN 'cancelled'
-                WHEN r.due_at <> w.deadline OR NOT w.occurrence = ANY (r.remind_before) THEN 'superseded'
-                ELSE 'ok' END AS verdict
+           coalesce(pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence),
+                    'ok') AS verdict
       FROM pgwork.renewal_work w
       LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
      WHERE w.status = 'dead'
@@ -459,7 +457,7 @@ WITH lock AS MATERIALIZED (
     SELECT w.id, w.finished_at
       FROM pgwork.renewal_work w
      WHERE (SELECT got FROM lock)
-       AND w.status IN ('delivered', 'dead', 'cancelled', 'superseded')
+       AND pgwork.is_terminal(w.status)
        AND w.finished_at < greatest(%(done_before)s::timestamptz, %(dead_before)s::timestamptz)
        AND (w.finished_at, w.id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s::bigint)
      ORDER BY w.finished_at, w.id
@@ -468,7 +466,7 @@ WITH lock AS MATERIALIZED (
     DELETE FROM pgwork.renewal_work w
      USING victims v
      WHERE w.id = v.id
-       AND w.status IN ('delivered', 'dead', 'cancelled', 'superseded')
+       AND pgwork.is_terminal(w.status)
        AND w.finished_at < CASE WHEN w.status = 'dead' THEN %(dead_before)s::timestamptz
                                 ELSE %(done_before)s::timestamptz END
     RETURNING w.id, w.reminder_id, w.deadline, w.occurrence, w.status, w.operation_id, w.finished_at
@@ -498,7 +496,7 @@ UPDATE pgwork.retention_state
 -- name: retention_state
 SELECT r.last_pass_at, r.last_deleted, r.total_deleted, c.retention_paused AS paused,
        extract(epoch FROM now() - (SELECT min(finished_at) FROM pgwork.renewal_work
-                                    WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded')))::float8
+                                    WHERE pgwork.is_terminal(status)))::float8
            AS oldest_terminal_age_seconds
   FROM pgwork.retention_state r, pgwork.config c
 
@@ -508,7 +506,7 @@ SELECT r.last_pass_at, r.last_deleted, r.total_deleted, c.retention_paused AS pa
 SELECT count(*) AS n
   FROM (SELECT 1
           FROM pgwork.renewal_work
-         WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded')
+         WHERE pgwork.is_terminal(status)
            AND finished_at < greatest(%(done_before)s::timestamptz, %(dead_before)s::timestamptz)
            AND finished_at < CASE WHEN status = 'dead' THEN %(dead_before)s::timestamptz ELSE %(done_before)s::timestamptz END
          LIMIT %(limit)s) AS b
