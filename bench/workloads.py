@@ -276,14 +276,46 @@ async def w_webhook(ctx: Ctx) -> dict[str, float]:
             async with anyio.create_task_group() as tg:
                 for _ in range(hook.concurrency):
                     tg.start_soon(poster)
-            bare = n / (time.perf_counter() - t0)
+            limit = n / (time.perf_counter() - t0)
         finally:
             await channel.aclose()
-        return {**r, "http_limit_per_s": bare, "ratio_to_http_limit": r["jobs_per_s"] / bare}
+        bare = await _aiohttp_bare(url, d.document_json().encode(), n, hook.concurrency)
+        return {
+            **r,
+            "http_limit_per_s": limit,
+            "ratio_to_http_limit": r["jobs_per_s"] / limit,
+            "aiohttp_bare_per_s": bare,
+            "ratio_to_aiohttp_bare": r["jobs_per_s"] / bare,
+        }
     finally:
         proc.terminate()
         proc.wait(10)
         ctx.drop(name)
+
+
+async def _aiohttp_bare(url: str, body: bytes, n: int, concurrency: int) -> float:
+    """Requests/s of a bare aiohttp loop: one session, a connector of ``concurrency``
+    connections, the same document, the same receiver, no database and no pgwork code."""
+    import aiohttp
+
+    left = n
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency), auto_decompress=False
+    ) as session:
+
+        async def poster() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with session.post(url, data=body) as resp:
+                    await resp.read()
+                    assert resp.status == 200
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(poster)
+        return n / (time.perf_counter() - t0)
 
 
 # -- 3. insert -> delivery latency ---------------------------------------------------------

@@ -109,5 +109,5 @@ def setup(fmt: str = "auto", level: str = "info", redact_mode: str = "none") -> 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpcore", "psycopg.pool"):
+    for noisy in ("aiohttp", "psycopg.pool"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,14 +1,18 @@
-"""The ``webhook`` channel: an HTTP POST per attempt, with the receiver's answer mapped to an
-outcome by the documented status-code table."""
+"""The ``webhook`` channel: an HTTP POST per attempt, signed as Standard Webhooks define, with the
+receiver's answer mapped to an outcome by the documented status-code table."""
 
 from __future__ import annotations
 
+import base64
 import email.utils
+import hashlib
+import hmac
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import aiohttp
 
 from ..config import ChannelConfig
 from .types import Delivered, Delivery, Failed, Outcome, Retry
@@ -30,52 +34,92 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
+def sign(keys: tuple[bytes, ...], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256 of "id.timestamp.body">`` for each
+    key, space-separated (several keys while a secret is being rotated)."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return " ".join(
+        "v1," + base64.b64encode(hmac.new(k, signed, hashlib.sha256).digest()).decode()
+        for k in keys
+    )
+
+
 class WebhookChannel:
-    """HTTP POST of :meth:`Delivery.document` with ``Idempotency-Key: <operation id>``.
+    """HTTP POST of :meth:`Delivery.document_json` with ``Idempotency-Key`` and ``webhook-id``
+    (both the operation id), ``webhook-timestamp`` and, with a signing secret, ``webhook-signature``.
 
     2xx delivered; 409 delivered (duplicate suppressed); 429 and 503 retry no earlier than
     Retry-After; other 5xx, connection errors and timeouts retry with backoff; 3xx and other 4xx
     fail permanently (dead letter).
+
+    One aiohttp session per channel, its connector sized to the channel's concurrency: a request
+    waits for a connection only when every connection is busy, never behind one slow request.
     """
 
     #: Longest Retry-After honoured, seconds (a receiver asking for more gets this).
     MAX_RETRY_AFTER = 86400.0
-    #: Connections per HTTP client. httpx's pool slows down sharply with many concurrent requests
-    #: on one client (encode/httpx#3215), so the channel's concurrency is spread over several.
-    CONNECTIONS_PER_CLIENT = 4
+    #: How long resolved host names are kept, seconds.
+    DNS_CACHE = 60
 
     def __init__(self, config: ChannelConfig) -> None:
         self.config = config
         assert config.url is not None
         self.url = config.url
-        per = min(self.CONNECTIONS_PER_CLIENT, config.concurrency)
-        self.clients = [
-            httpx.AsyncClient(
-                timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout),
-                verify=config.verify_tls,
-                follow_redirects=False,
-                limits=httpx.Limits(max_connections=per, max_keepalive_connections=per),
-                # Receivers are asked not to compress; a body compressed anyway is not inflated.
-                headers={"User-Agent": "pgwork", "Accept-Encoding": "identity", **config.headers},
-            )
-            for _ in range(-(-config.concurrency // per))
-        ]
-        self._next = 0
+        self._keys = config.signing_keys
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Made on first use: a session belongs to the event loop that runs the deliveries.
+        c = self.config
+        connector = aiohttp.TCPConnector(
+            limit=c.concurrency,
+            limit_per_host=0,
+            ttl_dns_cache=self.DNS_CACHE,
+            ssl=True if c.verify_tls else False,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            # The whole attempt's limit (attempt_timeout) is enforced for every channel kind by the
+            # channel worker; here only the connect and the read silences are bounded.
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=c.connect_timeout, sock_read=c.read_timeout
+            ),
+            # Receivers are asked not to compress; a body compressed anyway is not inflated.
+            headers={"User-Agent": "pgwork", "Accept-Encoding": "identity", **c.headers},
+            auto_decompress=False,
+            raise_for_status=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        return self._session
+
+    def headers(self, d: Delivery, body: bytes, now: float | None = None) -> dict[str, str]:
+        op = str(d.operation_id)
+        ts = int(now if now is not None else time.time())
+        h = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": op,
+            "webhook-id": op,
+            "webhook-timestamp": str(ts),
+        }
+        if self._keys:
+            h["webhook-signature"] = sign(self._keys, op, ts, body)
+        return h
 
     async def deliver(self, d: Delivery) -> Outcome:
         body = d.document_json().encode()
-        headers = {"Content-Type": "application/json", "Idempotency-Key": str(d.operation_id)}
-        self._next = (self._next + 1) % len(self.clients)
-        client = self.clients[self._next]
+        session = self._session or self._open()
         try:
-            async with client.stream("POST", self.url, content=body, headers=headers) as resp:
+            async with session.post(
+                self.url, data=body, headers=self.headers(d, body), allow_redirects=False
+            ) as resp:
                 data = await self._read_capped(resp)
-        except httpx.TimeoutException as e:
-            return Retry(error=f"timeout: {type(e).__name__}", error_class=type(e).__name__)
-        except httpx.HTTPError as e:
-            return Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
-        code = resp.status_code
-        encoding = resp.headers.get("Content-Encoding", "identity").lower()
+                code = resp.status
+                encoding = resp.headers.get("Content-Encoding", "identity").lower()
+                retry_after = resp.headers.get("Retry-After")
+        except TimeoutError as e:
+            return Retry(error=f"timeout: {type(e).__name__}", error_class="Timeout")
+        except (aiohttp.ClientError, ValueError) as e:
+            return Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=_error_class(e))
         if encoding not in ("", "identity") and data:
             data = f"({encoding}-encoded body not decoded; {len(data)} bytes read)".encode()
         if 200 <= code < 300:
@@ -84,7 +128,7 @@ class WebhookChannel:
             return Delivered(receipt=_receipt(data, code), duplicate=True, http_status=code)
         text = data[:300].decode("utf-8", "replace")
         if code in (429, 503):
-            delay = parse_retry_after(resp.headers.get("Retry-After"))
+            delay = parse_retry_after(retry_after)
             if delay is not None:
                 delay = min(delay, self.MAX_RETRY_AFTER)
             return Retry(
@@ -97,24 +141,34 @@ class WebhookChannel:
             return Retry(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
         return Failed(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
 
-    async def _read_capped(self, resp: httpx.Response) -> bytes:
-        """At most ``max_response_bytes`` of the body as sent (Content-Encoding is not undone)."""
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+        """At most ``max_response_bytes`` of the body as sent (Content-Encoding is not undone:
+        a gzip bomb's cap counts what arrives, and nothing is inflated in memory)."""
         cap = self.config.max_response_bytes
         chunks: list[bytes] = []
         size = 0
-        # Raw bytes, never decoded: a gzip bomb's cap counts what arrives, and nothing is
-        # inflated in memory (the body is only an excerpt for the ledger anyway).
-        async for chunk in resp.aiter_raw():
-            room = cap - size
-            if room <= 0:
+        while size < cap:
+            chunk = await resp.content.read(cap - size)
+            if not chunk:
                 break
-            chunks.append(chunk[:room])
-            size += min(len(chunk), room)
+            chunks.append(chunk)
+            size += len(chunk)
         return b"".join(chunks)
 
     async def aclose(self) -> None:
-        for c in self.clients:
-            await c.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+
+def _error_class(e: Exception) -> str:
+    """A stable name for a transport failure (the ledger's ``error_class``; alerts may match it):
+    TLSError, ConnectError (no connection made), or ProtocolError (the answer was lost or was
+    not HTTP)."""
+    if isinstance(e, aiohttp.ClientSSLError):
+        return "TLSError"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "ConnectError"
+    return "ProtocolError"
 
 
 def _receipt(data: bytes, code: int) -> Any:
