@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import tomllib
 from collections.abc import Mapping
@@ -61,8 +62,16 @@ class ChannelConfig:
     #: Most one attempt may take in all (connect, send, every byte of the answer; or a python
     #: target's call), seconds; past it the attempt is a retry. Below the lease by default.
     attempt_timeout: float = 30.0
+    #: Standard Webhooks signing secrets as configured (``whsec_…``), newest first; empty:
+    #: requests are not signed.
+    signing_secrets: tuple[str, ...] = ()
     # python
     target: str | None = None
+
+    @property
+    def signing_keys(self) -> tuple[bytes, ...]:
+        """The HMAC keys of ``signing_secrets`` (validated when the config was read)."""
+        return tuple(signing_key(s) for s in self.signing_secrets)
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,48 @@ _CHANNEL_KEYS = {
     "verify_tls",
     "target",
     "attempt_timeout",
+    "signing_secret",
 }
+
+#: Shortest signing key, bytes (Standard Webhooks: 24 to 64).
+SIGNING_KEY_MIN = 24
+
+
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret. :raises ValueError: saying what is wrong."""
+    if not secret.startswith("whsec_"):
+        raise ValueError("a signing secret starts with whsec_")
+    try:
+        key = base64.b64decode(secret[6:], validate=True)
+    except ValueError:
+        raise ValueError("the part after whsec_ is not base64") from None
+    if len(key) < SIGNING_KEY_MIN:
+        raise ValueError(f"the key is {len(key)} bytes; at least {SIGNING_KEY_MIN} are needed")
+    return key
+
+
+def _signing_secrets(where: str, raw: Any, env: Mapping[str, str]) -> tuple[str, ...]:
+    """``signing_secret``: ``env:NAME`` (recommended) or the value; several secrets separated by
+    spaces while one is rotated (each request then carries a signature per secret)."""
+    if raw is None:
+        return ()
+    option = f"{where}.signing_secret"
+    if not isinstance(raw, str):
+        raise ConfigError(f"{option}: expected a string such as 'env:PGWORK_SIGNING_SECRET'")
+    if raw.startswith("env:"):
+        if raw[4:] not in env:
+            raise ConfigError(f"{option}: environment variable {raw[4:]} is not set")
+        raw = env[raw[4:]]
+    secrets = tuple(raw.split())
+    if not secrets:
+        raise ConfigError(f"{option}: empty")
+    for i, s in enumerate(secrets, 1):
+        try:
+            signing_key(s)
+        except ValueError as e:
+            # The value is never shown: it is a secret.
+            raise ConfigError(f"{option}: secret {i} of {len(secrets)}: {e}") from None
+    return secrets
 
 
 def _convert(option: str, kind: str, value: Any) -> Any:
@@ -322,6 +372,8 @@ def _channel(
         _check_url(where, url)
     elif url is not None:
         raise ConfigError(f"{where}.url: only webhook channels take a url")
+    if kind != "webhook" and "signing_secret" in raw:
+        raise ConfigError(f"{where}.signing_secret: only webhook channels are signed")
     if kind == "python":
         if not isinstance(target, str) or ":" not in target:
             raise ConfigError(
@@ -341,6 +393,7 @@ def _channel(
         max_response_bytes=num("max_response_bytes", "int", 65536, 0, 64 * 1024 * 1024),
         verify_tls=_convert(f"{where}.verify_tls", "bool", raw.get("verify_tls", True)),
         attempt_timeout=num("attempt_timeout", "duration", 30.0, 0.01, 86400),
+        signing_secrets=_signing_secrets(where, raw.get("signing_secret"), env),
         target=target,
     )
 

@@ -62,6 +62,9 @@ class Secrets:
         for dsn in (cfg.dsn, cfg.retention_dsn, *dsns):
             s.add(dsn_password(dsn))
         for ch in cfg.channels.values():
+            for secret in ch.signing_secrets:
+                s.add(secret)
+                s.add(secret.removeprefix("whsec_"))
             for value in ch.headers.values():
                 s.add(value)
                 # "Bearer <token>": the token alone may be echoed too.

@@ -93,6 +93,31 @@ backoff_base = "500ms"
             "channels.x.headers.A: environment variable NOPE is not set",
         ),
         ("this is = not toml [", {}, "is not valid TOML"),
+        (
+            '[channels.x]\nkind = "webhook"\nurl = "http://h"\nsigning_secret = "env:NOPE"',
+            {},
+            "channels.x.signing_secret: environment variable NOPE is not set",
+        ),
+        (
+            '[channels.x]\nkind = "webhook"\nurl = "http://h"\nsigning_secret = "env:S"',
+            {"S": "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"},
+            "channels.x.signing_secret: secret 1 of 1: a signing secret starts with whsec_",
+        ),
+        (
+            '[channels.x]\nkind = "webhook"\nurl = "http://h"\nsigning_secret = "env:S"',
+            {"S": "whsec_c2hvcnQ="},
+            "channels.x.signing_secret: secret 1 of 1: the key is 5 bytes; at least 24",
+        ),
+        (
+            '[channels.x]\nkind = "webhook"\nurl = "http://h"\nsigning_secret = "env:S"',
+            {"S": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_%%%"},
+            "channels.x.signing_secret: secret 2 of 2: the part after whsec_ is not base64",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nsigning_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"',
+            {},
+            "channels.x.signing_secret: only webhook channels are signed",
+        ),
     ],
 )
 def test_wrong_values_name_the_option(

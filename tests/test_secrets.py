@@ -28,6 +28,8 @@ pytestmark = pytest.mark.anyio
 
 PASSWORD = "PlantedPw-6f2e"
 TOKEN = "PlantedTok-9c1d"
+#: A webhook signing secret (base64 of "PlantedSigningKey-4b7a-32-bytes!").
+SIGNING = "whsec_UGxhbnRlZFNpZ25pbmdLZXktNGI3YS0zMi1ieXRlcyE="
 
 
 def _planted_dsn(dsn: str) -> str:
@@ -36,7 +38,7 @@ def _planted_dsn(dsn: str) -> str:
 
 
 def _leaks(text: str) -> list[str]:
-    return [s for s in (PASSWORD, TOKEN) if s in text]
+    return [s for s in (PASSWORD, TOKEN, SIGNING, SIGNING[6:]) if s in text]
 
 
 # -- item 12: a DSN that cannot parse ----------------------------------------------------------
@@ -98,13 +100,15 @@ async def test_no_planted_secret_appears_anywhere(
     with Receiver(_echo) as receiver:
         channel = (
             hook(receiver.url)
-            + 'headers = { Authorization = "env:HOOK_TOKEN" }\n[channels.log]\nkind = "log"\n'
+            + 'headers = { Authorization = "env:HOOK_TOKEN" }\n'
+            + 'signing_secret = "env:HOOK_SIGNING"\n[channels.log]\nkind = "log"\n'
         )
         config = toml(channel=channel, extra='[log]\nredact = "hash"\n').replace(
             '[log]\nformat = "json"\nlevel = "debug"\n', ""
         )
         env = {
             "HOOK_TOKEN": f"Bearer {TOKEN}",
+            "HOOK_SIGNING": SIGNING,
             "PGWORK_LOG_FORMAT": "json",
             "PGWORK_LOG_LEVEL": "debug",
         }
@@ -117,6 +121,7 @@ async def test_no_planted_secret_appears_anywhere(
             await until(lambda: settled(conn, 4), timeout=30, what="four rows settled")
             requests = receiver.requests
             assert any(TOKEN in json.dumps(r.headers) for r in requests)  # it was really sent
+            assert all("webhook-signature" in r.headers for r in requests)
             cfg_path = tmp_path / "secrets.toml"
             cli_env = {**env, "PGWORK_CONFIG": str(cfg_path)}
             outputs = []

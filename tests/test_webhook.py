@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from pgwork.channels import parse_retry_after
 
@@ -228,3 +232,89 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now) == 0
     assert parse_retry_after("soon", now) is None
     assert parse_retry_after(None, now) is None
+
+
+# -- signed requests (Standard Webhooks), verified by the `standardwebhooks` package -----------
+
+SECRET_OLD = "whsec_" + base64.b64encode(b"the old signing key, 32 bytes!!!").decode()
+SECRET_NEW = "whsec_" + base64.b64encode(b"the new signing key, 32 bytes!!!").decode()
+
+
+def _verify(secret: str, req: Request) -> bool:
+    try:
+        Webhook(secret).verify(req.raw, req.headers)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+async def test_requests_are_signed_and_verify_with_an_independent_library(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    with Receiver(lambda r: Answer(status=503) if r.n == 1 else Answer()) as receiver:
+        await add(conn, "signed", channel="hook", payload='{"amount": 1.10}')
+        ch = replace(webhook_channel(receiver.url), signing_secrets=(SECRET_NEW,))
+        async with running(config(ch), dsn):
+            await until(lambda: _delivered(conn), what="delivered on the second attempt")
+    first, second = receiver.requests
+    (w,) = await work(conn)
+    for req in (first, second):
+        # The id is the occurrence's operation id on every attempt; the timestamp is the attempt's.
+        assert req.headers["webhook-id"] == req.key == str(w["operation_id"])
+        assert abs(int(req.headers["webhook-timestamp"]) - time.time()) < 60
+        assert _verify(SECRET_NEW, req)
+        assert not _verify(SECRET_OLD, req)  # a verifier with another secret refuses it
+    tampered = replace(first, raw=first.raw.replace(b"1.10", b"9.10"))
+    assert b"9.10" in tampered.raw and not _verify(SECRET_NEW, tampered)
+
+
+async def test_a_rotated_secret_signs_with_both_keys(
+    dsn: str, conn: psycopg.AsyncConnection[Any], receiver: Receiver
+) -> None:
+    await add(conn, "rotating", channel="hook")
+    ch = replace(webhook_channel(receiver.url), signing_secrets=(SECRET_NEW, SECRET_OLD))
+    async with running(config(ch), dsn):
+        await until(lambda: _delivered(conn), what="delivered")
+    (req,) = receiver.requests
+    assert len(req.headers["webhook-signature"].split(" ")) == 2
+    # A receiver that still has the old secret and one that has the new both accept it.
+    assert _verify(SECRET_OLD, req) and _verify(SECRET_NEW, req)
+
+
+async def test_unsigned_without_a_secret(
+    dsn: str, conn: psycopg.AsyncConnection[Any], receiver: Receiver
+) -> None:
+    await add(conn, "plain", channel="hook")
+    async with running(config(webhook_channel(receiver.url)), dsn):
+        await until(lambda: _delivered(conn), what="delivered")
+    (req,) = receiver.requests
+    assert "webhook-signature" not in req.headers and req.headers["webhook-id"] == req.key
+
+
+async def test_a_slow_request_does_not_hold_up_the_others(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """With connections free, a request never waits behind a slow one (an earlier client picked
+    connections round-robin, so a request could queue behind a slow one while others idled)."""
+    release = threading.Event()
+
+    def script(r: Request) -> Answer:
+        return Answer(hold=release) if r.body["business_key"] == "slow" else Answer()
+
+    with Receiver(script) as receiver:
+        try:
+            async with running(config(webhook_channel(receiver.url, concurrency=4)), dsn):
+                await add(conn, "slow", channel="hook")
+                await until(lambda: _requests(receiver, 1), what="the slow request arrived")
+                for i in range(12):
+                    await add(conn, f"fast-{i}", channel="hook")
+                await until(lambda: _delivered(conn, 12), what="12 fast ones delivered")
+                assert await count(conn, "status = 'claimed'") == 1
+                release.set()
+                await until(lambda: _delivered(conn, 13), what="the slow one too")
+        finally:
+            release.set()
+
+
+async def _requests(receiver: Receiver, n: int) -> bool:
+    return len(receiver.requests) >= n
