@@ -118,8 +118,11 @@ class Backoff:
             except Exception as e:
                 delay = self.next()
                 on_error(e, delay)
-                with anyio.move_on_after(delay):
-                    await (stop or anyio.Event()).wait()
+                if stop is None:
+                    await anyio.sleep(delay)
+                else:
+                    with anyio.move_on_after(delay):
+                        await stop.wait()
                 continue
             return True
         return False
