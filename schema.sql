@@ -1,4 +1,4 @@
--- pgwork schema, version 3. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 4. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (3);
+INSERT INTO pgwork.schema_version (version) VALUES (4);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -31,11 +31,41 @@ INSERT INTO pgwork.config DEFAULT VALUES;
 CREATE TABLE pgwork.channel (
     name          text PRIMARY KEY CONSTRAINT channel_name_valid CHECK (name ~ '^[a-z][a-z0-9_-]{0,62}$'),
     kind          text NOT NULL CHECK (kind IN ('log', 'webhook', 'python')),
-    registered_at timestamptz NOT NULL DEFAULT now()
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    -- Operator control (pgwork.pause_channel / pgwork.resume_channel, `pgwork channel pause`).
+    paused        boolean NOT NULL DEFAULT false,
+    paused_at     timestamptz,
+    paused_by     text,
+    paused_reason text,
+    -- Backpressure from the receiver (429, 502, 503, 504), set by the outcome writer.
+    not_before    timestamptz,
+    throttle_limit integer CHECK (throttle_limit > 0),
+    throttle_from integer,
+    throttled_at  timestamptz,
+    throttle_reason text,
+    -- From the daemons' config, written at their start.
+    global_concurrency integer CHECK (global_concurrency > 0),
+    rate_limit    double precision CHECK (rate_limit > 0),
+    rate_burst    double precision CHECK (rate_burst >= 1),
+    catch_up      text NOT NULL DEFAULT 'all' CHECK (catch_up IN ('all', 'latest', 'none')),
+    -- The rate limit's token bucket: tokens left at tokens_at.
+    tokens        double precision,
+    tokens_at     timestamptz
 );
 COMMENT ON TABLE pgwork.channel IS
-    'Delivery channels known to the daemons (registered from their config at start). '
-    'A reminder naming any other channel is refused.';
+    'Delivery channels known to the daemons (registered from their config at start), and the '
+    'state every daemon''s claim honours: paused, throttled (not_before, throttle_limit), '
+    'global_concurrency and rate_limit. A reminder naming any other channel is refused.';
+COMMENT ON COLUMN pgwork.channel.paused IS
+    'No work of this channel is claimed while true; its rows wait (nothing dropped, no attempt counted).';
+COMMENT ON COLUMN pgwork.channel.not_before IS
+    'Throttled: no claim before this instant (a receiver answered 429/502/503/504; Retry-After if it gave one).';
+COMMENT ON COLUMN pgwork.channel.throttle_limit IS
+    'Throttled: rows claimed across all daemons at most; halved by a throttling answer, grown by each '
+    'success, cleared once back at throttle_from.';
+COMMENT ON COLUMN pgwork.channel.catch_up IS
+    'Occurrences already past when their reminder was written or moved: all are sent; latest: only the '
+    'most recent; none: none (the others are closed as expired).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Business state: one row per reminder, written by apps.
@@ -65,6 +95,7 @@ CREATE TABLE pgwork.reminder (
     next_fire_at  timestamptz,
     created_at    timestamptz NOT NULL DEFAULT now(),
     updated_at    timestamptz NOT NULL DEFAULT now(),
+    planned_at    timestamptz DEFAULT now(),
     CONSTRAINT reminder_business_key_unique UNIQUE (source, business_key),
     CONSTRAINT reminder_local_time_complete CHECK ((due_local IS NULL) = (due_tz IS NULL))
 );
@@ -81,6 +112,10 @@ COMMENT ON COLUMN pgwork.reminder.due_tz IS 'IANA time zone name for due_local, 
 COMMENT ON COLUMN pgwork.reminder.remind_before IS
     'One send per entry, that long before the deadline: {0} sends at the deadline; '
     '{30 days,7 days,1 day} sends three times. Each entry is its own occurrence.';
+COMMENT ON COLUMN pgwork.reminder.planned_at IS
+    'Maintained by pgwork: when the schedule was last written (insert, or a move of due_at or '
+    'remind_before); the channel''s catch_up policy judges occurrences that fired before it. NULL '
+    '(rows from before schema 4): created_at.';
 COMMENT ON COLUMN pgwork.reminder.next_fire_at IS
     'Maintained by pgwork: when the earliest occurrence not yet materialised fires; ''infinity'' '
     'when all are; NULL means due_at (the common reminder: one send at the deadline, written without '
@@ -107,7 +142,7 @@ CREATE TABLE pgwork.renewal_work (
     channel       text NOT NULL,
     operation_id  uuid NOT NULL,
     status        text NOT NULL DEFAULT 'ready'
-        CHECK (status IN ('ready', 'claimed', 'delivered', 'dead', 'cancelled', 'superseded')),
+        CHECK (status IN ('ready', 'claimed', 'delivered', 'dead', 'cancelled', 'superseded', 'expired')),
     available_at  timestamptz NOT NULL,
     attempts      integer NOT NULL DEFAULT 0,
     attempts_base integer NOT NULL DEFAULT 0,
@@ -125,7 +160,7 @@ CREATE TABLE pgwork.renewal_work (
     CONSTRAINT work_occurrence_unique UNIQUE (reminder_id, deadline, occurrence),
     CONSTRAINT work_counters_valid CHECK (0 <= attempts_base AND attempts_base <= attempts AND attempts <= lease),
     CONSTRAINT work_finished_iff_terminal
-        CHECK ((finished_at IS NOT NULL) = (status IN ('delivered', 'dead', 'cancelled', 'superseded'))),
+        CHECK ((finished_at IS NOT NULL) = (status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired'))),
     CONSTRAINT work_dead_has_reason CHECK ((status = 'dead') = (dead_reason IS NOT NULL)),
     CONSTRAINT work_claimed_has_owner CHECK (status <> 'claimed' OR (claimed_by IS NOT NULL AND claimed_at IS NOT NULL))
 ) WITH (
@@ -147,7 +182,8 @@ COMMENT ON COLUMN pgwork.renewal_work.operation_id IS
     'Stable idempotency key of this occurrence: the same on every attempt and after redrive.';
 COMMENT ON COLUMN pgwork.renewal_work.status IS
     'ready: waiting for available_at; claimed: a worker holds a lease until available_at; '
-    'delivered, dead, cancelled, superseded: terminal.';
+    'delivered, dead, cancelled, superseded, expired: terminal (expired: past the channel''s '
+    'expire_after, or skipped by its catch_up policy; never sent; last_error says why).';
 COMMENT ON COLUMN pgwork.renewal_work.available_at IS
     'ready: not claimable before this instant (due time or retry backoff). claimed: lease expiry; '
     'an expired lease is claimable again by the ordinary claim.';
@@ -162,7 +198,9 @@ CREATE INDEX work_claimable ON pgwork.renewal_work (channel, available_at, id)
     WHERE status IN ('ready', 'claimed');
 -- Retention and DLQ listings.
 CREATE INDEX work_terminal ON pgwork.renewal_work (finished_at, id)
-    WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded');
+    WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
+-- Rows claimed now, per channel: what global_concurrency and a throttle count (live leases only).
+CREATE INDEX work_held ON pgwork.renewal_work (channel, available_at) WHERE status = 'claimed';
 -- Dead letters: their count (a gauge) and listing cost O(dead rows), not O(retained rows).
 CREATE INDEX work_dead ON pgwork.renewal_work (channel, finished_at, id) WHERE status = 'dead';
 
@@ -181,6 +219,7 @@ CREATE TABLE pgwork.attempt (
     error_class text,
     error       text CHECK (length(error) <= 2000),
     receipt     jsonb,
+    retry_at    timestamptz,
     PRIMARY KEY (work_id, lease)
 ) WITH (autovacuum_vacuum_insert_scale_factor = 0.02);
 COMMENT ON TABLE pgwork.attempt IS 'The attempt ledger: one row per claim of a work row, with its outcome.';
@@ -188,20 +227,21 @@ COMMENT ON COLUMN pgwork.attempt.outcome IS
     'delivered; duplicate (receiver said it already had it); retry; failed (permanent); '
     'lease_expired (the worker vanished); released (clean shutdown, not counted); '
     'fenced (a late completion refused because the lease had passed to another worker).';
+COMMENT ON COLUMN pgwork.attempt.retry_at IS 'For outcome retry: when the next try is due.';
 COMMENT ON COLUMN pgwork.attempt.receipt IS 'What the receiver returned as proof of delivery, if anything (truncated).';
 
 CREATE TABLE pgwork.retired (
     reminder_id  bigint NOT NULL,
     deadline     timestamptz NOT NULL,
     occurrence   interval NOT NULL,
-    status       text NOT NULL CHECK (status IN ('delivered', 'dead')),
+    status       text NOT NULL CHECK (status IN ('delivered', 'dead', 'expired')),
     operation_id uuid NOT NULL,
     finished_at  timestamptz NOT NULL,
     retired_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (reminder_id, deadline, occurrence)
 );
 COMMENT ON TABLE pgwork.retired IS
-    'What retention leaves of a delivered or dead occurrence of a reminder that still exists: its '
+    'What retention leaves of a delivered, dead or expired occurrence of a reminder that still exists: its '
     'identity and outcome. The materialiser never inserts an occurrence listed here, so deleting old '
     'work can never cause a second send (not even after the deadline moves away and back). Removed '
     'with the reminder.';
@@ -302,7 +342,7 @@ COMMENT ON FUNCTION pgwork.operation_id(bigint, text, text, timestamptz, interva
 
 CREATE FUNCTION pgwork.is_terminal(status text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN status IN ('delivered', 'dead', 'cancelled', 'superseded');
+RETURN status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
 COMMENT ON FUNCTION pgwork.is_terminal(text) IS
     'Whether a work status is final (queries use this; inlined, it still matches the work_terminal index).';
 
@@ -440,6 +480,9 @@ BEGIN
     END IF;
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
+        IF NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
+            NEW.planned_at := now();  -- what catch_up judges against
+        END IF;
     END IF;
     RETURN NEW;
 END
@@ -506,6 +549,55 @@ CREATE TRIGGER reminder_notify
     AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before ON pgwork.reminder
     FOR EACH ROW WHEN (coalesce(NEW.next_fire_at, NEW.due_at) <= now() + interval '1 hour')
     EXECUTE FUNCTION pgwork.reminder_notify();
+
+-- ---------------------------------------------------------------------------------------------
+-- Channel control, for operators (apps cannot: they lack UPDATE on pgwork.channel)
+-- ---------------------------------------------------------------------------------------------
+
+CREATE FUNCTION pgwork.pause_channel(channel_name text, reason text DEFAULT NULL, actor text DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql AS $$
+-- Pause a channel: every daemon stops claiming its work at once (a NOTIFY tells them) and gives
+-- back rows it claimed but has not started. Returns false when it was already paused.
+BEGIN
+    UPDATE pgwork.channel
+       SET paused = true, paused_at = now(), paused_by = coalesce(actor, session_user), paused_reason = reason
+     WHERE name = channel_name AND NOT paused;
+    IF FOUND THEN
+        PERFORM pg_notify('pgwork_channel', channel_name);
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgwork.channel WHERE name = channel_name) THEN
+        RAISE EXCEPTION 'pgwork: no channel named "%"', channel_name
+            USING ERRCODE = 'no_data_found', HINT = 'SELECT name FROM pgwork.channel lists them.';
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgwork.pause_channel(text, text, text) IS
+    'Pause a channel (its work waits; nothing is dropped or counted). Returns false if already paused.';
+
+CREATE FUNCTION pgwork.resume_channel(channel_name text, actor text DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql AS $$
+-- Resume a paused channel, and lift a throttle: the operator says the receiver is ready.
+-- Returns false when it was neither paused nor throttled.
+BEGIN
+    UPDATE pgwork.channel
+       SET paused = false, paused_at = now(), paused_by = coalesce(actor, session_user), paused_reason = NULL,
+           not_before = NULL, throttle_limit = NULL, throttle_from = NULL, throttle_reason = NULL
+     WHERE name = channel_name AND (paused OR not_before IS NOT NULL OR throttle_limit IS NOT NULL);
+    IF FOUND THEN
+        PERFORM pg_notify('pgwork_channel', channel_name);
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgwork.channel WHERE name = channel_name) THEN
+        RAISE EXCEPTION 'pgwork: no channel named "%"', channel_name
+            USING ERRCODE = 'no_data_found', HINT = 'SELECT name FROM pgwork.channel lists them.';
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgwork.resume_channel(text, text) IS
+    'Resume a paused channel and lift any throttle. Returns false if it was neither.';
 
 -- ---------------------------------------------------------------------------------------------
 -- What apps read

@@ -20,11 +20,14 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class RetryPolicy:
     #: Attempts before a failing occurrence goes dead (redrive grants this many again).
-    max_attempts: int = 10
+    max_attempts: int = 100
     #: First backoff step, seconds; attempt n waits a random time in [0, min(cap, base * 2**(n-1))].
     base: float = 2.0
     #: Longest backoff, seconds.
     cap: float = 3600.0
+    #: How long an occurrence is retried, seconds from its due time (or its redrive): the last
+    #: try is at the end of this window; a failure after it is a dead letter.
+    retry_for: float = 86400.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,18 @@ class ChannelConfig:
     #: Most one attempt may take in all (connect, send, every byte of the answer; or a python
     #: target's call), seconds; past it the attempt is a retry. Below the lease by default.
     attempt_timeout: float = 30.0
+    #: How long after its due time an occurrence is still worth sending, seconds; past it the
+    #: claim closes it as ``expired`` (never sent). None: always worth sending.
+    expire_after: float | None = None
+    #: Occurrences that fired before their reminder was written or moved: ``all`` are sent,
+    #: ``latest`` only the most recent one, ``none`` none.
+    catch_up: str = "all"
+    #: Deliveries per second across all daemons (a token bucket in the channel's row); None: no limit.
+    rate_limit: float | None = None
+    #: How many deliveries the rate limit lets through at once after a quiet spell.
+    rate_burst: float | None = None
+    #: Deliveries in flight (rows claimed) across all daemons at most; None: no cap.
+    global_concurrency: int | None = None
     #: Standard Webhooks signing secrets as configured (``whsec_…``), newest first; empty:
     #: requests are not signed.
     signing_secrets: tuple[str, ...] = ()
@@ -187,7 +202,52 @@ _CHANNEL_KEYS = {
     "target",
     "attempt_timeout",
     "signing_secret",
+    "retry_for",
+    "expire_after",
+    "catch_up",
+    "rate_limit",
+    "rate_burst",
+    "global_concurrency",
 }
+
+_RATE_UNITS = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+}
+
+
+def parse_rate(option: str, raw: Any) -> float:
+    """Deliveries per second from ``50``, ``2.5``, ``'50/s'``, ``'3000/min'`` or ``'100/h'``."""
+    value: Any = raw
+    per = 1.0
+    if isinstance(raw, str):
+        count, sep, unit = raw.strip().partition("/")
+        if sep and unit.strip() not in _RATE_UNITS:
+            raise ConfigError(
+                f"{option}: unknown unit {unit.strip()!r}; use /s, /min or /h (got {raw!r})"
+            )
+        per = _RATE_UNITS[unit.strip()] if sep else 1.0
+        try:
+            value = float(count)
+        except ValueError:
+            raise ConfigError(
+                f"{option}: expected deliveries per second, e.g. 50 or '3000/min' (got {raw!r})"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            f"{option}: expected deliveries per second, e.g. 50 or '3000/min' (got {raw!r})"
+        )
+    rate = float(value) / per
+    if not 0.001 <= rate <= 1_000_000:
+        raise ConfigError(f"{option}: must be between 0.001 and 1000000 per second (got {raw!r})")
+    return rate
+
 
 #: Shortest signing key, bytes (Standard Webhooks: 24 to 64).
 SIGNING_KEY_MIN = 24
@@ -345,10 +405,20 @@ def _channel(
         return v
 
     retry = RetryPolicy(
-        max_attempts=num("max_attempts", "int", 10, 1, 1000),
+        max_attempts=num("max_attempts", "int", 100, 1, 10_000),
         base=num("backoff_base", "duration", 2.0, 0.001, 86400),
         cap=num("backoff_cap", "duration", 3600.0, 0.001, 7 * 86400),
+        retry_for=num("retry_for", "duration", 86400.0, 0.001, 90 * 86400),
     )
+    catch_up = raw.get("catch_up", "all")
+    if catch_up not in ("all", "latest", "none"):
+        raise ConfigError(
+            f"{label('catch_up')}: must be one of all, latest, none (got {catch_up!r})"
+        )
+    rate = parse_rate(label("rate_limit"), raw["rate_limit"]) if "rate_limit" in raw else None
+    burst = num("rate_burst", "int", None, 1, 1_000_000)
+    if burst is not None and rate is None:
+        raise ConfigError(f"{label('rate_burst')}: only with a rate_limit")
     if retry.cap < retry.base:
         raise ConfigError(f"{where}.backoff_cap: must not be shorter than backoff_base")
     headers: dict[str, str] = {}
@@ -395,6 +465,12 @@ def _channel(
         attempt_timeout=num("attempt_timeout", "duration", 30.0, 0.01, 86400),
         signing_secrets=_signing_secrets(where, raw.get("signing_secret"), env),
         target=target,
+        expire_after=num("expire_after", "duration", None, 1, 400 * 86400),
+        catch_up=catch_up,
+        rate_limit=rate,
+        # A second's worth by default (at least one).
+        rate_burst=float(burst) if burst is not None else (max(1.0, rate) if rate else None),
+        global_concurrency=num("global_concurrency", "int", None, 1, 1_000_000),
     )
 
 

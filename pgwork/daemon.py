@@ -138,7 +138,12 @@ class Daemon:
             pool, sup, work_made, tick=cfg.tick, lookahead=cfg.lookahead, page_size=cfg.page_size
         )
         listener = Listener(
-            self.dsn, sup, materialiser.waker, work_made, connect_timeout=cfg.connect_timeout
+            self.dsn,
+            sup,
+            materialiser.waker,
+            work_made,
+            connect_timeout=cfg.connect_timeout,
+            gate_changed=deliveries.gate_changed,
         )
         heartbeat = Heartbeat(
             pool,

@@ -65,9 +65,29 @@ class Metrics:
         self.claimed = counter("pgwork_claimed", "Rows claimed for delivery.", "channel")
         self.closed_at_claim = counter(
             "pgwork_closed_at_claim",
-            "Rows the claim closed instead of sending (reason: cancelled, superseded, dead).",
+            "Rows the claim closed instead of sending (reason: cancelled, superseded, dead, "
+            "expired).",
             "channel",
             "reason",
+        )
+        self.catch_up_skipped = counter(
+            "pgwork_catch_up_skipped",
+            "Occurrences the materialiser closed as expired under their channel's catch_up policy.",
+        )
+        self.channel_paused = gauge(
+            "pgwork_channel_paused",
+            "1 while the channel is paused (operator, or HTTP 410).",
+            "channel",
+        )
+        self.channel_throttled = gauge(
+            "pgwork_channel_throttled",
+            "1 while the channel is throttled by its receiver (429, 502, 503, 504).",
+            "channel",
+        )
+        self.channel_claimed = gauge(
+            "pgwork_channel_claimed",
+            "Rows of the channel claimed under live leases, all daemons.",
+            "channel",
         )
         self.lease_reclaims = counter(
             "pgwork_lease_reclaims", "Rows claimed again after a lease expired.", "channel"

@@ -126,6 +126,8 @@ class Page:
     scanned: int
     made: int
     made_due: int
+    #: Occurrences closed as expired by the channel's catch_up policy instead of sent.
+    skipped: int
     notified: int
     earliest_made: datetime | None
     last_at: datetime | None
@@ -206,8 +208,78 @@ async def materialiser_state(conn: Conn) -> MaterialiserState:
 # -- daemons and channels --------------------------------------------------------------------
 
 
-async def register_channels(conn: Conn, *, names: list[str], kinds: list[str]) -> None:
-    await _exec(conn, "register_channels", {"names": names, "kinds": kinds})
+@dataclass(frozen=True)
+class _Name:
+    name: str
+
+
+async def register_channels(
+    conn: Conn,
+    *,
+    names: list[str],
+    kinds: list[str],
+    catch_up: list[str],
+    global_concurrency: list[int | None],
+    rate_limit: list[float | None],
+    rate_burst: list[float | None],
+) -> list[str]:
+    """Register the channels with their shared settings; returns those whose settings changed."""
+    got = await _rows(
+        conn,
+        "register_channels",
+        _Name,
+        {
+            "names": names,
+            "kinds": kinds,
+            "catch_up": catch_up,
+            "global_concurrency": global_concurrency,
+            "rate_limit": rate_limit,
+            "rate_burst": rate_burst,
+        },
+    )
+    return [r.name for r in got]
+
+
+@dataclass(frozen=True)
+class ChannelState:
+    name: str
+    kind: str
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    paused_reason: str | None
+    throttled: bool
+    throttled_for_seconds: float | None
+    throttle_limit: int | None
+    throttle_reason: str | None
+    global_concurrency: int | None
+    rate_limit: float | None
+    rate_burst: float | None
+    catch_up: str
+    claimed: int
+    next_retry_at: datetime | None
+
+
+async def channel_states(conn: Conn) -> list[ChannelState]:
+    return await _rows(conn, "channel_states", ChannelState)
+
+
+@dataclass(frozen=True)
+class _Changed:
+    changed: bool
+
+
+async def channel_pause(conn: Conn, *, channel: str, reason: str | None, actor: str) -> bool:
+    """Pause ``channel``; False if it was paused already. :raises psycopg.errors.NoDataFound:"""
+    p = {"channel": channel, "reason": reason, "actor": actor}
+    return (await _one(conn, "channel_pause", _Changed, p)).changed
+
+
+async def channel_resume(conn: Conn, *, channel: str, actor: str) -> bool:
+    """Resume ``channel`` and lift its throttle; False if it was neither."""
+    return (
+        await _one(conn, "channel_resume", _Changed, {"channel": channel, "actor": actor})
+    ).changed
 
 
 async def daemon_register(
@@ -297,6 +369,9 @@ class Claimed(Occurrence):
     attempts: int
     attempts_base: int
     lease: int
+    #: Since when this occurrence has been tried (its due time, or its last redrive): the
+    #: channel's retry_for counts from here.
+    retry_since: datetime
     prev_status: str
     recipient: str | None
     #: The payload as JSON text, exactly as stored.
@@ -311,29 +386,46 @@ async def claim_work(
     max_attempts: int,
     lease: timedelta,
     daemon_id: str,
+    expire_after: timedelta | None = None,
+    lock_channel: bool = False,
 ) -> list[Claimed]:
-    return await _rows(
-        conn,
-        "claim_work",
-        Claimed,
-        {
-            "channel": channel,
-            "limit": limit,
-            "max_attempts": max_attempts,
-            "lease": lease,
-            "daemon_id": daemon_id,
-        },
-    )
+    """Claim up to ``limit`` rows the channel's gate allows. ``lock_channel`` (a channel with a
+    rate limit or a global concurrency): channel_lock first, in the same transaction and round
+    trip, so that claims of several daemons count each other's rows."""
+    params = {
+        "channel": channel,
+        "limit": limit,
+        "max_attempts": max_attempts,
+        "lease": lease,
+        "daemon_id": daemon_id,
+        "expire_after": expire_after,
+    }
+    if not lock_channel:
+        return await _rows(conn, "claim_work", Claimed, params)
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(Q["channel_lock"], {"channel": channel})
+        cur = conn.cursor(row_factory=class_row(Claimed))
+        await cur.execute(Q["claim_work"], params)
+    return await cur.fetchall()
 
 
 @dataclass(frozen=True)
-class _Wait:
+class Gate:
+    """When a channel's claim can next get rows (see next_available)."""
+
+    #: Seconds until the next row is claimable (negative: now); None when none.
     wait_s: float | None
+    paused: bool
+    #: Seconds until a throttle's not_before passes (0: not held).
+    hold_s: float | None
+    #: Seconds until the rate limit has tokens for a small batch (None: no rate limit).
+    tokens_s: float | None
+    #: The global concurrency or throttle limit is reached.
+    full: bool
 
 
-async def next_available(conn: Conn, *, channel: str) -> float | None:
-    """Seconds until the channel's next row is claimable (negative: now); None when none."""
-    return (await _one(conn, "next_available", _Wait, {"channel": channel})).wait_s
+async def next_available(conn: Conn, *, channel: str) -> Gate:
+    return await _one(conn, "next_available", Gate, {"channel": channel})
 
 
 @dataclass(frozen=True)
@@ -456,12 +548,21 @@ async def dlq_redrive(
     ids: list[int],
     channel: str | None,
     operator: str,
+    since: timedelta | None = None,
+    reason_like: str | None = None,
 ) -> list[Redriven]:
     return await _rows(
         conn,
         "dlq_redrive",
         Redriven,
-        {"all": all, "ids": ids, "channel": channel, "operator": operator},
+        {
+            "all": all,
+            "ids": ids,
+            "channel": channel,
+            "operator": operator,
+            "since": since,
+            "reason_like": reason_like,
+        },
     )
 
 

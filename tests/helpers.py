@@ -87,6 +87,7 @@ async def claim(
                 "max_attempts": max_attempts,
                 "lease": timedelta(seconds=lease),
                 "daemon_id": "d",
+                "expire_after": None,
             },
         )
 

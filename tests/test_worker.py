@@ -137,7 +137,16 @@ async def test_budget_spent_goes_dead_then_redrive_delivers_once(
         del sink.BEHAVIOUR["k"]
         async with await db.connect(dsn) as c:
             redriven = await statement(
-                c, "dlq_redrive", {"all": True, "ids": [], "channel": None, "operator": "op@test"}
+                c,
+                "dlq_redrive",
+                {
+                    "all": True,
+                    "ids": [],
+                    "channel": None,
+                    "operator": "op@test",
+                    "since": None,
+                    "reason_like": None,
+                },
             )
         assert [r["verdict"] for r in redriven] == ["ok"]
         await until(lambda: _eq(conn, 1), what="delivered after redrive")
@@ -181,7 +190,16 @@ async def test_redrive_refuses_cancelled_and_moved(
     )
     async with await db.connect(dsn) as c:
         got = await statement(
-            c, "dlq_redrive", {"all": True, "ids": [], "channel": None, "operator": "op"}
+            c,
+            "dlq_redrive",
+            {
+                "all": True,
+                "ids": [],
+                "channel": None,
+                "operator": "op",
+                "since": None,
+                "reason_like": None,
+            },
         )
     assert sorted(r["verdict"] for r in got) == ["cancelled", "superseded"]
     assert await count(conn, "status = 'dead'") == 2
@@ -498,6 +516,7 @@ async def test_heartbeat_and_outcome_flush_do_not_deadlock(
                     "max_attempts": 5,
                     "lease": timedelta(seconds=60),
                     "daemon_id": "d",
+                    "expire_after": None,
                 },
             )
     now = datetime.now(UTC).isoformat()

@@ -16,14 +16,22 @@ def backoff_delay(policy: RetryPolicy, attempt: int) -> float:
 
 
 def decide(
-    outcome: Outcome, attempts_used: int, policy: RetryPolicy
+    outcome: Outcome, attempts_used: int, policy: RetryPolicy, tried_for: float = 0.0
 ) -> tuple[str, str, float | None, str | None]:
     """(ledger outcome, new status, retry delay, error) for an attempt's outcome.
-    ``attempts_used`` counts this attempt, relative to the last redrive."""
+    ``attempts_used`` counts this attempt, relative to the last redrive; ``tried_for`` is how
+    long the occurrence has been tried, seconds (from its due time or its last redrive).
+
+    A retry goes dead once either budget is spent: ``max_attempts``, or the ``retry_for``
+    window (a retry that would fall after the window's end is made at its end instead: the
+    last try). A paused channel's row (``Retry.pause``) always waits: a pause is not a failure
+    of the occurrence."""
     if isinstance(outcome, Delivered):
         return ("duplicate" if outcome.duplicate else "delivered"), "delivered", None, None
     if isinstance(outcome, Failed):
         return "failed", "dead", None, f"permanent failure: {outcome.error}"
+    if outcome.pause is not None:
+        return "retry", "ready", 0.0, f"{outcome.error} (channel paused: {outcome.pause})"
     if attempts_used >= policy.max_attempts:
         return (
             "retry",
@@ -31,5 +39,14 @@ def decide(
             None,
             f"attempt budget spent ({attempts_used} attempts); last error: {outcome.error}",
         )
+    left = policy.retry_for - tried_for
+    if left <= 0:
+        return (
+            "retry",
+            "dead",
+            None,
+            f"retry window spent (retry_for {policy.retry_for:g}s, {attempts_used} attempts); "
+            f"last error: {outcome.error}",
+        )
     delay = outcome.delay if outcome.delay is not None else backoff_delay(policy, attempts_used)
-    return "retry", "ready", delay, outcome.error
+    return "retry", "ready", min(delay, left), outcome.error

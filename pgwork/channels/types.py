@@ -76,12 +76,19 @@ class Delivered:
 
 @dataclass(frozen=True)
 class Retry:
-    """Try again later: after ``delay`` seconds if given (e.g. Retry-After), else with backoff."""
+    """Try again later: after ``delay`` seconds if given (e.g. Retry-After), else with backoff.
+
+    ``throttle``: the receiver is overloaded (HTTP 429, 502, 503, 504): the whole channel is held
+    for ``delay`` seconds (one second without one) and its concurrency halved, in every daemon.
+    ``pause``: the receiver is gone for good (HTTP 410): the channel is paused with this reason
+    until an operator resumes it; the row waits instead of being dead-lettered."""
 
     error: str = ""
     delay: float | None = None
     http_status: int | None = None
     error_class: str = "Retry"
+    throttle: bool = False
+    pause: str | None = None
 
 
 @dataclass(frozen=True)

@@ -48,14 +48,17 @@ class WebhookChannel:
     """HTTP POST of :meth:`Delivery.document_json` with ``Idempotency-Key`` and ``webhook-id``
     (both the operation id), ``webhook-timestamp`` and, with a signing secret, ``webhook-signature``.
 
-    2xx delivered; 409 delivered (duplicate suppressed); 429 and 503 retry no earlier than
-    Retry-After; other 5xx, connection errors and timeouts retry with backoff; 3xx and other 4xx
-    fail permanently (dead letter).
+    2xx delivered; 409 delivered (duplicate suppressed); 429, 502, 503 and 504 retry no earlier
+    than Retry-After and throttle the whole channel; 410 pauses the channel (the row waits);
+    other 5xx, connection errors and timeouts retry with backoff; 3xx and other 4xx fail
+    permanently (dead letter).
 
     One aiohttp session per channel, its connector sized to the channel's concurrency: a request
     waits for a connection only when every connection is busy, never behind one slow request.
     """
 
+    #: Answers that say the receiver is overloaded: they throttle the channel, not just the row.
+    THROTTLING = frozenset({429, 502, 503, 504})
     #: Longest Retry-After honoured, seconds (a receiver asking for more gets this).
     MAX_RETRY_AFTER = 86400.0
     #: How long resolved host names are kept, seconds.
@@ -127,7 +130,7 @@ class WebhookChannel:
         if code == 409:
             return Delivered(receipt=_receipt(data, code), duplicate=True, http_status=code)
         text = data[:300].decode("utf-8", "replace")
-        if code in (429, 503):
+        if code in self.THROTTLING:
             delay = parse_retry_after(retry_after)
             if delay is not None:
                 delay = min(delay, self.MAX_RETRY_AFTER)
@@ -136,9 +139,17 @@ class WebhookChannel:
                 delay=delay,
                 http_status=code,
                 error_class=f"HTTP{code}",
+                throttle=True,
             )
         if code >= 500:
             return Retry(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
+        if code == 410:
+            return Retry(
+                error=f"HTTP {code}: {text}",
+                http_status=code,
+                error_class="HTTP410",
+                pause=f"the receiver answered 410 Gone at {self.url}",
+            )
         return Failed(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:

@@ -25,7 +25,7 @@ from ..config import Config
 from ..supervise import Next, Supervisor
 from ..waker import Waker, WakerGroup
 from .leases import Held, Leases, release_all
-from .outcomes import OutcomeWriter, Record
+from .outcomes import OutcomeWriter, Record, clean_delay, clean_text
 
 log = logging.getLogger("pgwork.worker")
 
@@ -44,6 +44,13 @@ class ChannelWorker:
     YIELD_EVERY = 64
     #: Least wait after a claim that got nothing while a row was due (locked by someone), seconds.
     EMPTY_PASS_FLOOR = 0.05
+    #: How often a channel at its global concurrency (or throttle limit) looks for a free slot
+    #: that another daemon's outcome made, seconds.
+    FULL_POLL = 0.05
+    #: How long a throttling answer without Retry-After holds the channel, seconds.
+    THROTTLE_HOLD = 1.0
+    #: Longest a single answer may hold the channel, seconds.
+    MAX_THROTTLE_HOLD = 3600.0
 
     def __init__(
         self,
@@ -54,7 +61,7 @@ class ChannelWorker:
         sup: Supervisor,
         cfg: Config,
         *,
-        daemon_id: str,
+        identity: tuple[str, str, int],
         clock: Clock | None = None,
         woken_by: WakerGroup | None = None,
     ) -> None:
@@ -70,8 +77,13 @@ class ChannelWorker:
         self.writer = writer
         self.leases = leases
         self.metrics = metrics
-        self.daemon_id = daemon_id
+        self.identity = identity
+        self.daemon_id = identity[0]
         self.lease = timedelta(seconds=cfg.lease)
+        c = channel.config
+        self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
+        #: Claims count each other's rows only under the channel's lock (see store.claim_work).
+        self.lock_channel = c.rate_limit is not None or c.global_concurrency is not None
         self.claim_batch = claim_batch = cfg.claim_batch
         self.tick = cfg.tick
         self.waker = Waker()
@@ -94,6 +106,11 @@ class ChannelWorker:
         self._due_unclaimed = 0
         #: Attempts under way and when each must end (see _reap).
         self._attempts: dict[anyio.CancelScope, float] = {}
+        #: The channel's gate as last seen (see _apply_gate): paused; no delivery starts before
+        #: this monotonic instant (a throttle); the gate must be read again (a NOTIFY).
+        self.paused = False
+        self._hold_until = 0.0
+        self._gate_stale = True
         # Labelled metric children, looked up once.
         self._m_attempts = {
             o: metrics.attempts.labels(self.name, o)
@@ -157,12 +174,58 @@ class ChannelWorker:
                 max_attempts=self.policy.max_attempts,
                 lease=self.lease,
                 daemon_id=self.daemon_id,
+                expire_after=self.expire_after,
+                lock_channel=self.lock_channel,
             )
+
+    def gate_changed(self) -> None:
+        """The channel was paused, resumed or throttled (a NOTIFY): read its gate again."""
+        self._gate_stale = True
+        self.waker.wake("gate")
+
+    async def _read_gate(self) -> store.Gate:
+        async with self.pool.connection() as conn:
+            return await store.next_available(conn, channel=self.name)
+
+    async def _apply_gate(self, gate: store.Gate) -> None:
+        """Take the channel's state from the database: hold deliveries until a throttle passes;
+        on a pause, give back the rows queued here (not started, so not counted)."""
+        self._hold_until = time.monotonic() + gate.hold_s if gate.hold_s else 0.0
+        if gate.paused == self.paused:
+            return
+        self.paused = gate.paused
+        self.metrics.channel_paused.labels(self.name).set(1 if gate.paused else 0)
+        log.warning(
+            "channel %s", "paused" if gate.paused else "resumed", extra={"channel": self.name}
+        )
+        if gate.paused:
+            await self._give_back_queued()
+        else:
+            for _ in range(min(len(self._queue), len(self._idle))):
+                self._idle.pop().set()
+
+    async def _give_back_queued(self) -> None:
+        queued = list(self._queue)
+        self._queue.clear()
+        if not queued:
+            return
+        held = [Held(r.id, r.lease, self.name) for r in queued]
+        released = await release_all(self.pool, self.leases, self.identity, held)
+        self.held -= len(queued)
+        self._m_held.set(self.held)
+        log.info(
+            "gave back %d queued rows of a paused channel", released, extra={"channel": self.name}
+        )
 
     async def claim_step(self) -> Next:
         """Claim as many rows as there is room for (at most one batch) and queue them."""
         if self._stopping:
             return Next(math.inf, "stopped")
+        if self._gate_stale or self.paused:
+            self._gate_stale = False
+            await self._apply_gate(await self._read_gate())
+            if self.paused:
+                return Next(self.tick, "paused")  # a resume NOTIFY wakes us sooner
         free = self.max_held - self.held
         if free < max(1, min(self.claim_batch, self.max_held) // 2):
             return Next(math.inf, "slot")  # settling rows wakes us
@@ -210,10 +273,21 @@ class ChannelWorker:
             return Next(0, "more")
         # Only now, with the rows handed to the workers: when is the next row claimable? Asked
         # of the database's clock, so a host clock that is off cannot make the loop spin.
-        async with self.pool.connection() as conn:
-            wait = await store.next_available(conn, channel=self.name)
+        gate = await self._read_gate()
+        await self._apply_gate(gate)
+        wait = gate.wait_s
+        if gate.paused:
+            return Next(self.tick, "paused")
         if wait is None:
             return Next(self.tick, "tick")
+        # The gate may keep a claimable row waiting: a throttle, the rate limit's tokens, a
+        # global concurrency reached (another daemon's outcome frees a slot: look again soon).
+        wait = max(
+            wait,
+            gate.hold_s or 0.0,
+            gate.tokens_s or 0.0,
+            self.FULL_POLL if gate.full else 0.0,
+        )
         if not rows and wait <= 0:
             # Nothing claimed, yet something is due now. Once, that is a row that became due
             # between the claim and this question: claim again at once. Twice in a row, it is a
@@ -228,11 +302,18 @@ class ChannelWorker:
     async def _worker(self) -> None:
         done = 0
         while not self._closed:
-            if not self._queue:
+            if not self._queue or self.paused:
                 ev = anyio.Event()
                 self._idle.append(ev)
                 await ev.wait()
                 continue
+            if self._hold_until:
+                # Throttled: queued rows wait (their leases are kept) until the hold passes.
+                hold = self._hold_until - time.monotonic()
+                if hold > 0:
+                    await anyio.sleep(hold)
+                    continue
+                self._hold_until = 0.0
             row = self._queue.popleft()
             await self._deliver(row)
             done += 1
@@ -282,9 +363,16 @@ class ChannelWorker:
         t1 = time.monotonic()
         elapsed = t1 - t0
         self._m_duration.observe(elapsed)
+        tried_for = (self.clock.db_time(t1) - row.retry_since).total_seconds()
         ledger, status, delay, error = decide(
-            outcome, row.attempts - row.attempts_base, self.policy
+            outcome, row.attempts - row.attempts_base, self.policy, tried_for
         )
+        throttle = pause = None
+        if isinstance(outcome, Retry):
+            if outcome.throttle:
+                hold = clean_delay(outcome.delay)
+                throttle = min(self.THROTTLE_HOLD if hold is None else hold, self.MAX_THROTTLE_HOLD)
+            pause = clean_text(outcome.pause, 500)
         self.writer.submit(
             Record(
                 work_id=d.work_id,
@@ -300,6 +388,8 @@ class ChannelWorker:
                 error_class=None if isinstance(outcome, Delivered) else outcome.error_class,
                 error=error,
                 receipt=outcome.receipt if isinstance(outcome, Delivered) else None,
+                throttle=throttle,
+                pause=pause,
                 due_at=d.due_at,
                 operation_id=d.operation_id,
                 source=d.source,
@@ -325,6 +415,11 @@ class ChannelWorker:
                     self._m_duplicates.inc()
             if r.status == "ready":
                 self.waker.wake("local")  # the retry may be due before the next tick
+            if accepted and r.throttle is not None:
+                # Hold here at once; the other daemons learn it by NOTIFY.
+                self._hold_until = max(self._hold_until, r.finished + r.throttle)
+            if accepted and r.pause is not None:
+                self.gate_changed()
             level = logging.WARNING if r.status == "dead" else logging.INFO
             if level == logging.WARNING or log_info:
                 log.log(
@@ -397,7 +492,7 @@ class Deliveries:
                 leases,
                 sup,
                 cfg,
-                daemon_id=identity[0],
+                identity=identity,
                 clock=clock,
                 woken_by=woken_by,
             )
@@ -405,6 +500,13 @@ class Deliveries:
         ]
         self._work: TaskGroup | None = None
         self._stopped = anyio.Event()
+
+    def gate_changed(self, channel: str | None) -> None:
+        """A channel's gate changed (NOTIFY ``pgwork_channel``); None: any may have (the
+        listener reconnected, notifications may have been lost)."""
+        for w in self.workers:
+            if channel is None or w.name == channel:
+                w.gate_changed()
 
     @property
     def held(self) -> int:
@@ -414,10 +516,24 @@ class Deliveries:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Claim loops stop cooperatively (a flag), so a stop never cancels a claim statement;
         the work group holds only the delivery workers."""
-        names = [w.name for w in self.workers]
-        kinds = [w.channel.config.kind for w in self.workers]
+        cs = [w.channel.config for w in self.workers]
         async with self.pool.connection() as conn, conn.transaction():
-            await store.register_channels(conn, names=names, kinds=kinds)
+            changed = await store.register_channels(
+                conn,
+                names=[c.name for c in cs],
+                kinds=[c.kind for c in cs],
+                catch_up=[c.catch_up for c in cs],
+                global_concurrency=[c.global_concurrency for c in cs],
+                rate_limit=[c.rate_limit for c in cs],
+                rate_burst=[c.rate_burst for c in cs],
+            )
+        for name in changed:
+            log.warning(
+                "channel %s: this daemon's config changed its shared settings (catch_up, "
+                "global_concurrency, rate_limit); daemons sharing a database should share them",
+                name,
+                extra={"channel": name},
+            )
         async with anyio.create_task_group() as claims:
             for w in self.workers:
                 await claims.start(w.run)

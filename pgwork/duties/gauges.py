@@ -25,6 +25,7 @@ class Reading:
     tables: list[store.TableHealth]
     xmin: store.XminHorizon
     retention: store.RetentionState
+    channels: list[store.ChannelState]
     #: How long the reading took, seconds.
     took: float
 
@@ -42,7 +43,8 @@ async def read(conn: AsyncConnection[Any]) -> Reading:
     tables = await store.table_health(conn)
     xmin = await store.xmin_horizon(conn)
     retention = await store.retention_state(conn)
-    return Reading(lag, states, tables, xmin, retention, time.monotonic() - t0)
+    channels = await store.channel_states(conn)
+    return Reading(lag, states, tables, xmin, retention, channels, time.monotonic() - t0)
 
 
 def publish(m: Metrics, r: Reading) -> None:
@@ -59,6 +61,10 @@ def publish(m: Metrics, r: Reading) -> None:
     m.xmin_horizon_xids.set(r.xmin.age_xids)
     m.retention_paused.set(1 if r.retention.paused else 0)
     m.retention_oldest.set(r.retention.oldest_terminal_age_seconds or 0)
+    for c in r.channels:
+        m.channel_paused.labels(c.name).set(1 if c.paused else 0)
+        m.channel_throttled.labels(c.name).set(1 if c.throttled else 0)
+        m.channel_claimed.labels(c.name).set(c.claimed)
 
 
 @dataclass(eq=False)

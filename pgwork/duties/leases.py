@@ -67,10 +67,14 @@ async def heartbeat_step(
 
 
 async def release_all(
-    pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, identity: tuple[str, str, int]
+    pool: AsyncConnectionPool[AsyncConnection[Any]],
+    leases: Leases,
+    identity: tuple[str, str, int],
+    only: list[Held] | None = None,
 ) -> int:
-    """Give back every row still held, without counting the attempt. Returns how many."""
-    held = list(leases.held.values())
+    """Give back every row still held (or ``only`` these), without counting the attempt.
+    Returns how many."""
+    held = list(leases.held.values()) if only is None else only
     if not held:
         return 0
     daemon_id, host, pid = identity

@@ -4,6 +4,7 @@ in-process wake-ups. It is only ever a hint: every loop also has its timed tick.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -17,10 +18,12 @@ from ..waker import Waker, WakerGroup
 
 log = logging.getLogger("pgwork.listener")
 
-#: The NOTIFY channels: reminders written (materialiser) and work rows made (delivery loops).
+#: The NOTIFY channels: reminders written (materialiser), work rows made (delivery loops), a
+#: delivery channel paused, resumed or throttled (its claim loop; the payload names it).
 REMINDER_CHANNEL = "pgwork_reminder"
 WORK_CHANNEL = "pgwork_work"
-CHANNELS = (REMINDER_CHANNEL, WORK_CHANNEL)
+GATE_CHANNEL = "pgwork_channel"
+CHANNELS = (REMINDER_CHANNEL, WORK_CHANNEL, GATE_CHANNEL)
 
 
 @dataclass(eq=False)
@@ -39,6 +42,8 @@ class Listener:
     workers: WakerGroup
     _: KW_ONLY
     connect_timeout: float = 5.0
+    #: Called with a delivery channel's name when its gate changed; None: any may have.
+    gate_changed: Callable[[str | None], None] = lambda _: None
     up: bool = field(default=False, init=False)
     _first: anyio.Event = field(default_factory=anyio.Event, init=False)
 
@@ -72,6 +77,7 @@ class Listener:
             log.info("listening", extra={"duty": "listener", "channels": list(CHANNELS)})
             self.materialiser.wake("reconnect")
             self.workers.wake("reconnect")
+            self.gate_changed(None)
             try:
                 await self._listen(conn)
             except Exception as e:  # lost after listening: reconnect at once
@@ -96,6 +102,8 @@ class Listener:
                 got = True
                 if n.channel == REMINDER_CHANNEL:
                     self.materialiser.wake("notify")
+                elif n.channel == GATE_CHANNEL:
+                    self.gate_changed(n.payload)
                 else:
                     self.workers.wake("notify")
             if not got:

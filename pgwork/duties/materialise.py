@@ -90,6 +90,8 @@ class PassResult:
     next_after_cutoff: float | None = None
     #: The reminder ``next_fire_at`` belongs to (when skipped: the one an app holds locked).
     next_id: int | None = None
+    #: Occurrences closed as expired by their channel's catch_up policy (counted in ``made``).
+    caught_up: int = 0
 
     @property
     def skipped(self) -> bool:
@@ -120,7 +122,7 @@ async def run_once(
     t0 = time.monotonic()
     after_at: datetime | None = None
     after_id = 0
-    scanned = made = made_due = pages = 0
+    scanned = made = made_due = caught_up = pages = 0
     longest = 0.0
     while True:
         p0 = time.monotonic()
@@ -145,6 +147,7 @@ async def run_once(
         scanned += page.scanned
         made += page.made
         made_due += page.made_due
+        caught_up += page.skipped
         if page.scanned < page_size:
             break
         after_at, after_id = page.last_at, page.last_id or 0
@@ -185,6 +188,7 @@ async def run_once(
         nxt.at,
         nxt.after_cutoff_s,
         nxt.id,
+        caught_up,
     )
 
 
@@ -220,6 +224,7 @@ class Materialiser:
         if res is None:
             return Next(BUSY_RETRY, "busy")
         m.materialised.inc(res.made)
+        m.catch_up_skipped.inc(res.caught_up)
         m.materialiser_cutoff.set(res.cutoff.timestamp())
         m.materialiser_pass.observe(res.duration)
         if res.next_after_cutoff is None:

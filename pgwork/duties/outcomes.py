@@ -105,6 +105,10 @@ class Record:
     error_class: str | None = None
     error: str | None = None
     receipt: Any = None
+    #: Seconds to hold the whole channel (a throttling answer), or None.
+    throttle: float | None = None
+    #: Why to pause the channel (e.g. HTTP 410), or None.
+    pause: str | None = None
     # For settling (metrics and the attempt log line), not written.
     due_at: datetime | None = None
     operation_id: Any = None
@@ -160,6 +164,7 @@ class Record:
             "work_id": self.work_id,
             "lease": self.lease,
             "attempt": self.attempt,
+            "channel": self.channel,
             "outcome": self.outcome,
             "status": self.status,
             "started_ago": max(0.0, now - self.started),
@@ -175,6 +180,10 @@ class Record:
             d["error"] = self.error
         if self.receipt is not None:
             d["receipt"] = self.receipt
+        if self.throttle is not None:
+            d["throttle"] = self.throttle
+        if self.pause is not None:
+            d["pause"] = self.pause
         return d
 
 

@@ -56,7 +56,8 @@ WITH params AS MATERIALIZED (
     SELECT coalesce(%(cutoff)s::timestamptz, now() + %(lookahead)s::interval) AS cutoff
 ), due AS MATERIALIZED (
     SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
-           r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at
+           r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
+           coalesce(r.planned_at, r.created_at) AS planned_at
       FROM pgwork.reminder r
      WHERE current_setting('pgwork.may_page', true) = 'true'  -- materialise_lock got the lock
        AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
@@ -66,26 +67,45 @@ WITH params AS MATERIALIZED (
      ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
-), occ AS MATERIALIZED (
+), fires AS MATERIALIZED (
     SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
            pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
-           (SELECT cutoff FROM params) AS cutoff
+           d.planned_at, (SELECT cutoff FROM params) AS cutoff
       FROM due d
      CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+), occ AS MATERIALIZED (
+    -- The channel's catch_up policy for occurrences that fired before the schedule was written:
+    -- all are sent; latest: only the most recent of them; none: none. The others are closed as
+    -- expired, with the reason.
+    SELECT f.*,
+           CASE coalesce(ch.catch_up, 'all')
+                WHEN 'none' THEN f.fire_at < f.planned_at
+                WHEN 'latest' THEN f.fire_at < max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                                OVER (PARTITION BY f.id)
+                ELSE false END AS skip,
+           ch.catch_up
+      FROM fires f
+      LEFT JOIN pgwork.channel ch ON ch.name = f.channel
 ), made AS (
     INSERT INTO pgwork.renewal_work AS w
-           (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id, available_at)
+           (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+            available_at, status, finished_at, last_error)
     SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
-           pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before), o.fire_at
+           pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before), o.fire_at,
+           CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
+           CASE WHEN o.skip THEN now() END,
+           CASE WHEN o.skip THEN format('skipped by catch_up = %%s: due %%s, before its reminder was written (%%s)',
+                                       o.catch_up, o.fire_at, o.planned_at) END
       FROM occ o
      WHERE o.fire_at <= o.cutoff
        AND o.fire_at >= o.progress
        AND NOT EXISTS (SELECT 1 FROM pgwork.retired t
                         WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before)
         ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
-       SET status = 'ready', available_at = excluded.available_at, finished_at = NULL
+       SET status = excluded.status, available_at = excluded.available_at,
+           finished_at = excluded.finished_at, last_error = excluded.last_error
      WHERE w.status = 'superseded'
-    RETURNING w.due_at
+    RETURNING w.due_at, w.status
 ), nxt AS (
     SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
       FROM occ o
@@ -101,7 +121,8 @@ WITH params AS MATERIALIZED (
 SELECT (SELECT cutoff FROM params) AS cutoff,
        (SELECT count(*) FROM due) AS scanned,
        (SELECT count(*) FROM made) AS made,
-       (SELECT count(*) FROM made WHERE due_at <= now()) AS made_due,
+       (SELECT count(*) FROM made WHERE due_at <= now() AND status = 'ready') AS made_due,
+       (SELECT count(*) FROM made WHERE status = 'expired') AS skipped,
        (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', '')
                                WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
        (SELECT min(due_at) FROM made) AS earliest_made,
@@ -136,10 +157,55 @@ SELECT n.at, n.id, extract(epoch FROM n.at - %(cutoff)s::timestamptz)::float8 AS
          LIMIT 1) AS n ON true
 
 -- name: register_channels
--- Make the configured channels known, so reminders naming them are accepted.
-INSERT INTO pgwork.channel (name, kind)
-SELECT * FROM unnest(%(names)s::text[], %(kinds)s::text[])
-    ON CONFLICT (name) DO UPDATE SET kind = excluded.kind
+-- Make the configured channels known, so reminders naming them are accepted, with the settings
+-- every daemon's claim and the materialiser read from the row (the last daemon started wins:
+-- daemons sharing a database should share their channel config). Operator and receiver state
+-- (paused, throttled) is kept. Returns the channels whose settings this changed.
+WITH cfg AS (
+    SELECT * FROM unnest(%(names)s::text[], %(kinds)s::text[], %(catch_up)s::text[],
+                         %(global_concurrency)s::int[], %(rate_limit)s::float8[], %(rate_burst)s::float8[])
+        AS c(name, kind, catch_up, global_concurrency, rate_limit, rate_burst)
+), old AS (
+    SELECT c.* FROM pgwork.channel c JOIN cfg USING (name) FOR UPDATE OF c
+), upserted AS (
+    INSERT INTO pgwork.channel AS ch (name, kind, catch_up, global_concurrency, rate_limit, rate_burst)
+    SELECT name, kind, catch_up, global_concurrency, rate_limit, rate_burst FROM cfg
+        ON CONFLICT (name) DO UPDATE
+       SET kind = excluded.kind, catch_up = excluded.catch_up,
+           global_concurrency = excluded.global_concurrency,
+           rate_limit = excluded.rate_limit, rate_burst = excluded.rate_burst,
+           tokens = CASE WHEN ch.rate_limit IS NOT DISTINCT FROM excluded.rate_limit THEN ch.tokens END
+    RETURNING ch.name
+)
+SELECT cfg.name
+  FROM cfg JOIN old USING (name)
+ WHERE (old.kind, old.catch_up, old.global_concurrency, old.rate_limit, old.rate_burst)
+       IS DISTINCT FROM (cfg.kind, cfg.catch_up, cfg.global_concurrency, cfg.rate_limit, cfg.rate_burst)
+
+-- name: channel_lock
+-- Serialises the claims of a channel with a rate limit or a global concurrency across daemons:
+-- taken in the claim's transaction and sent in the same round trip, before claim_work, whose
+-- snapshot is then taken after the lock (it counts what the previous holder claimed).
+SELECT 1 FROM pgwork.channel WHERE name = %(channel)s FOR NO KEY UPDATE
+
+-- name: channel_states
+-- Each channel's control state, what it holds now, and when its next retry is due.
+SELECT c.name, c.kind, c.paused, c.paused_at, c.paused_by, c.paused_reason,
+       (c.not_before > now() OR c.throttle_limit IS NOT NULL) AS throttled,
+       greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS throttled_for_seconds,
+       c.throttle_limit, c.throttle_reason, c.global_concurrency, c.rate_limit, c.rate_burst, c.catch_up,
+       (SELECT count(*) FROM pgwork.renewal_work h
+         WHERE h.channel = c.name AND h.status = 'claimed' AND h.available_at > now()) AS claimed,
+       (SELECT min(w.available_at) FROM pgwork.renewal_work w
+         WHERE w.channel = c.name AND w.status = 'ready' AND w.attempts > w.attempts_base) AS next_retry_at
+  FROM pgwork.channel c
+ ORDER BY c.name
+
+-- name: channel_pause
+SELECT pgwork.pause_channel(%(channel)s, %(reason)s, %(actor)s) AS changed
+
+-- name: channel_resume
+SELECT pgwork.resume_channel(%(channel)s, %(actor)s) AS changed
 
 -- name: daemon_register
 INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every)
@@ -169,20 +235,46 @@ DELETE FROM pgwork.daemon WHERE id = %(id)s
 -- recovered like a killed worker's (the row is claimable again, the late outcome is fenced, the
 -- retry carries the same idempotency key), and the next synchronous commit flushes it anyway.
 -- Outcomes (record_outcomes) commit synchronously: delivered is durable before it counts.
-WITH candidate AS MATERIALIZED (
+-- The channel's row decides how many rows may be claimed (the gate): none while it is paused
+-- or throttled to a later instant; no more than its global concurrency or throttle limit minus
+-- the rows claimed under live leases; no more than the rate limit's tokens, which the claimed
+-- rows then spend. (With a rate limit or a global concurrency, channel_lock runs first.)
+-- Past expire_after, an occurrence is closed as expired instead of sent.
+WITH gate AS MATERIALIZED (
+    SELECT c.name,
+           CASE WHEN c.paused OR c.not_before > now() THEN 0
+                ELSE greatest(0, least(
+                    %(limit)s,
+                    -- least() skips NULLs: no cap, no limit from it.
+                    least(c.global_concurrency, c.throttle_limit)
+                        - CASE WHEN c.global_concurrency IS NULL AND c.throttle_limit IS NULL THEN 0
+                               ELSE (SELECT count(*) FROM pgwork.renewal_work h
+                                      WHERE h.channel = c.name AND h.status = 'claimed'
+                                        AND h.available_at > now()) END,
+                    floor(t.tokens)))::int
+           END AS budget,
+           t.tokens
+      FROM pgwork.channel c
+     CROSS JOIN LATERAL (
+           SELECT least(c.rate_burst, coalesce(c.tokens, c.rate_burst)
+                        + c.rate_limit * greatest(extract(epoch FROM now() - c.tokens_at), 0)) AS tokens
+           ) AS t
+     WHERE c.name = %(channel)s
+), candidate AS MATERIALIZED (
     SELECT w.id
       FROM pgwork.renewal_work w
      WHERE w.channel = %(channel)s
        AND w.status IN ('ready', 'claimed')
        AND w.available_at <= now()
      ORDER BY w.available_at, w.id
-     LIMIT %(limit)s
+     LIMIT coalesce((SELECT budget FROM gate), %(limit)s)
        FOR UPDATE SKIP LOCKED
 ), judged AS (
     SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
            w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
            coalesce(pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence),
-                    CASE WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
+                    CASE WHEN w.due_at + %(expire_after)s::interval < now() THEN 'expired'
+                         WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
                          ELSE 'claimed' END) AS verdict,
            -- The payload as text: nothing in the claim decodes it (one undecodable payload
            -- cannot fail a batch), and receivers get it exactly as stored.
@@ -201,13 +293,23 @@ WITH candidate AS MATERIALIZED (
            finished_at = CASE WHEN j.verdict = 'claimed' THEN NULL ELSE now() END,
            dead_reason = CASE WHEN j.verdict <> 'dead' THEN NULL
                               WHEN j.prev_status = 'claimed' THEN 'attempt budget spent (the last lease expired)'
-                              ELSE 'attempt budget spent' END
+                              ELSE 'attempt budget spent' END,
+           last_error = CASE WHEN j.verdict <> 'expired' THEN w.last_error
+                             ELSE format('expired: not sent by %%s (due %%s, expire_after %%s)',
+                                         w.due_at + %(expire_after)s::interval, w.due_at, %(expire_after)s::interval) END
       FROM judged j
      WHERE w.id = j.id
     RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
               w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+              coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
               j.prev_status, j.prev_lease, j.prev_attempts, j.prev_claimed_at, j.prev_claimed_by,
               j.recipient, j.payload
+), spent AS (
+    -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
+    UPDATE pgwork.channel c
+       SET tokens = g.tokens - (SELECT count(*) FROM updated u WHERE u.status = 'claimed'), tokens_at = now()
+      FROM gate g
+     WHERE c.name = g.name AND c.rate_limit IS NOT NULL
 ), expired AS (
     INSERT INTO pgwork.attempt
            (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome, error_class, error)
@@ -220,16 +322,32 @@ WITH candidate AS MATERIALIZED (
         ON CONFLICT (work_id, lease) DO NOTHING
 )
 SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, u.due_at,
-       u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease,
+       u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease, u.retry_since,
        u.prev_status, u.recipient, u.payload
   FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, updated u
 
 -- name: next_available
 -- Seconds (by this database's clock) until the next row of a channel becomes claimable (ready
--- rows) or reclaimable (claimed rows); negative when one is claimable now; NULL when none.
-SELECT extract(epoch FROM min(available_at) - now())::float8 AS wait_s
-  FROM pgwork.renewal_work
- WHERE channel = %(channel)s AND status IN ('ready', 'claimed')
+-- rows) or reclaimable (claimed rows); negative when one is claimable now; NULL when none. And
+-- the channel's gate: paused; seconds until a throttle's not_before passes (hold_s); seconds
+-- until the rate limit has tokens for a small batch (tokens_s); whether a global concurrency or
+-- throttle limit is reached (full).
+SELECT (SELECT extract(epoch FROM min(available_at) - now())::float8
+          FROM pgwork.renewal_work
+         WHERE channel = %(channel)s AND status IN ('ready', 'claimed')) AS wait_s,
+       coalesce(c.paused, false) AS paused,
+       greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS hold_s,
+       CASE WHEN c.rate_limit IS NOT NULL THEN greatest(0,
+            (least(c.rate_burst, greatest(1, c.rate_limit * 0.05))
+             - least(c.rate_burst, coalesce(c.tokens, c.rate_burst)
+                     + c.rate_limit * greatest(extract(epoch FROM now() - c.tokens_at), 0)))
+            / c.rate_limit)::float8 END AS tokens_s,
+       coalesce(least(c.global_concurrency, c.throttle_limit)
+                <= (SELECT count(*) FROM pgwork.renewal_work h
+                     WHERE h.channel = %(channel)s AND h.status = 'claimed' AND h.available_at > now()),
+                false) AS full
+  FROM (SELECT 1) AS one
+  LEFT JOIN pgwork.channel c ON c.name = %(channel)s
 
 -- name: record_outcomes
 -- Record a batch of attempt outcomes in one statement (a JSON array of records: json.dumps is far
@@ -242,9 +360,9 @@ SELECT extract(epoch FROM min(available_at) - now())::float8 AS wait_s
 WITH o AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb)
-        AS o(work_id bigint, lease int, attempt int, outcome text, status text, retry_after float8,
-             started_ago float8, finished_ago float8, http_status int, error_class text,
-             error text, receipt jsonb)
+        AS o(work_id bigint, lease int, attempt int, channel text, outcome text, status text,
+             retry_after float8, started_ago float8, finished_ago float8, http_status int,
+             error_class text, error text, receipt jsonb, throttle float8, pause text)
 ), locked AS (
     -- Row locks in id order, as the heartbeat takes them: the two never deadlock.
     SELECT w.id, w.lease
@@ -264,6 +382,53 @@ WITH o AS (
       JOIN locked l ON l.id = o.work_id AND l.lease = o.lease
      WHERE w.id = o.work_id
     RETURNING w.id, w.lease
+), news AS (
+    -- What the applied outcomes say about their channels: a throttling answer (seconds to hold
+    -- the channel), successes (a throttle recovers by one step each), a reason to pause.
+    SELECT o.channel, max(o.throttle) AS throttle, max(o.error) FILTER (WHERE o.throttle IS NOT NULL) AS throttle_reason,
+           count(*) FILTER (WHERE o.status = 'delivered') AS ok, max(o.pause) AS pause
+      FROM o
+      JOIN done d ON d.id = o.work_id AND d.lease = o.lease
+     WHERE o.throttle IS NOT NULL OR o.pause IS NOT NULL OR o.status = 'delivered'
+     GROUP BY o.channel
+), channel_news AS (
+    -- Throttle: hold the channel until the answer's Retry-After (or a second) and halve the rows
+    -- it may have claimed (at most once a second); each success grows the limit by one, and it
+    -- is lifted once back where it started. A pause reason pauses the channel (e.g. HTTP 410).
+    UPDATE pgwork.channel c
+       SET not_before = CASE WHEN n.throttle IS NULL THEN c.not_before
+                             ELSE greatest(c.not_before, now() + make_interval(secs => n.throttle)) END,
+           throttle_limit = CASE
+               WHEN n.throttle IS NOT NULL AND (c.throttled_at IS NULL OR c.throttled_at < now() - interval '1 second')
+                   THEN greatest(1, coalesce(c.throttle_limit,
+                                             (SELECT count(*) FROM pgwork.renewal_work h
+                                               WHERE h.channel = c.name AND h.status = 'claimed'
+                                                 AND h.available_at > now())::int) / 2)
+               WHEN n.throttle IS NOT NULL OR c.throttle_limit IS NULL THEN c.throttle_limit
+               WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
+               ELSE c.throttle_limit + n.ok::int END,
+           throttle_from = CASE
+               WHEN n.throttle IS NOT NULL AND c.throttle_limit IS NULL
+                   THEN greatest(2, (SELECT count(*) FROM pgwork.renewal_work h
+                                      WHERE h.channel = c.name AND h.status = 'claimed'
+                                        AND h.available_at > now())::int)
+               WHEN n.throttle IS NULL AND c.throttle_limit + n.ok >= c.throttle_from THEN NULL
+               ELSE c.throttle_from END,
+           throttled_at = CASE WHEN n.throttle IS NOT NULL THEN now() ELSE c.throttled_at END,
+           throttle_reason = CASE WHEN n.throttle IS NOT NULL THEN left(n.throttle_reason, 500)
+                                  WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
+                                  ELSE c.throttle_reason END,
+           paused = c.paused OR n.pause IS NOT NULL,
+           paused_at = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN now() ELSE c.paused_at END,
+           paused_by = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN 'pgwork:' || %(daemon_id)s ELSE c.paused_by END,
+           paused_reason = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN left(n.pause, 500) ELSE c.paused_reason END
+      FROM news n
+     WHERE c.name = n.channel
+       AND (n.throttle IS NOT NULL OR n.pause IS NOT NULL OR c.throttle_limit IS NOT NULL)
+    -- Every daemon holds its queued rows of a newly throttled or paused channel at once (in a
+    -- RETURNING list: a data-modifying CTE always runs, a plain one only when read).
+    RETURNING c.name, CASE WHEN n.throttle IS NOT NULL OR n.pause IS NOT NULL
+                           THEN pg_notify('pgwork_channel', c.name)::text END AS told
 ), judged AS (
     -- Joins, not correlated EXISTS: a flush holds up to a thousand records, and a scan of
     -- `done` per record was quadratic (it halved the burn-down rate).
@@ -278,7 +443,7 @@ WITH o AS (
 ), ledger AS (
     INSERT INTO pgwork.attempt AS a
            (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome,
-            http_status, error_class, error, receipt)
+            http_status, error_class, error, receipt, retry_at)
     SELECT j.work_id, j.lease, j.attempt, %(daemon_id)s, %(host)s, %(pid)s,
            now() - make_interval(secs => coalesce(j.started_ago, 0)),
            now() - make_interval(secs => coalesce(j.finished_ago, 0)),
@@ -286,12 +451,14 @@ WITH o AS (
            j.http_status, j.error_class,
            CASE WHEN j.applied THEN j.error
                 ELSE left('late outcome ' || j.outcome || coalesce(': ' || j.error, ''), 2000) END,
-           j.receipt
+           j.receipt,
+           CASE WHEN j.applied AND j.status = 'ready' THEN now() + make_interval(secs => j.retry_after) END
       FROM judged j
      WHERE NOT j.already
         ON CONFLICT (work_id, lease) DO UPDATE
        SET outcome = excluded.outcome, finished_at = excluded.finished_at, http_status = excluded.http_status,
-           error_class = excluded.error_class, error = excluded.error, receipt = excluded.receipt
+           error_class = excluded.error_class, error = excluded.error, receipt = excluded.receipt,
+           retry_at = excluded.retry_at
      WHERE a.outcome = 'lease_expired'
 )
 SELECT j.work_id AS fenced_id, j.lease, j.already FROM judged j WHERE NOT j.applied
@@ -358,7 +525,8 @@ SELECT lease, attempt, outcome, daemon_id, host, pid, started_at, finished_at, h
  ORDER BY lease
 
 -- name: dlq_redrive
--- Give dead rows a fresh attempt budget, same operation id. Rows whose reminder was deleted or
+-- Give dead rows a fresh attempt budget, same operation id: the ids given, or all (optionally of
+-- one channel, dead within the last `since`, with a dead_reason LIKE the pattern). Rows whose reminder was deleted or
 -- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
 WITH target AS (
     SELECT w.id,
@@ -369,6 +537,8 @@ WITH target AS (
      WHERE w.status = 'dead'
        AND (%(all)s OR w.id = ANY (%(ids)s::bigint[]))
        AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
+       AND (%(since)s::interval IS NULL OR w.finished_at >= now() - %(since)s::interval)
+       AND (%(reason_like)s::text IS NULL OR w.dead_reason LIKE %(reason_like)s)
        FOR UPDATE OF w
 ), redriven AS (
     UPDATE pgwork.renewal_work w
@@ -429,7 +599,7 @@ SELECT id, host, pid, version, started_at, heartbeat_at, listener_up,
   FROM pgwork.daemon ORDER BY started_at
 
 -- name: listen
-LISTEN pgwork_reminder; LISTEN pgwork_work
+LISTEN pgwork_reminder; LISTEN pgwork_work; LISTEN pgwork_channel
 
 -- name: is_standby
 SELECT pg_is_in_recovery() AS standby
