@@ -207,6 +207,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             "materialiser": asdict(await store.materialiser_state(conn)),
             "daemons": [asdict(r) for r in await store.daemons(conn)],
             "retention": asdict(await store.retention_state(conn)),
+            "channels": [_channel_row(c) for c in await store.channel_states(conn)],
             "retention_backlog": await store.retention_backlog(
                 conn, **_cutoffs(cfg, now), limit=BACKLOG_COUNT_LIMIT
             ),
@@ -241,6 +242,13 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             f"materialiser: last cutoff {_fmt(m['last_cutoff'])} ({where}), "
             f"last pass {_fmt(m['last_pass_at'])}, rows made in total {m['total_inserted']}"
         )
+        held_back = [c for c in st["channels"] if c["state"] != "running" or c["next_retry_at"]]
+        if held_back:
+            print(
+                "\n"
+                + _table(held_back, ["name", "state", "claimed", "next_retry_at", "why"])
+                + "\n"
+            )
         r = st["retention"]
         backlog = st["retention_backlog"]
         backlog_s = f"at least {backlog}" if backlog >= BACKLOG_COUNT_LIMIT else str(backlog)
@@ -396,7 +404,9 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
     # redrive
     if not args.all and not args.ids:
         raise CliError("dlq redrive needs work ids or --all", 2)
-    operator = f"{getpass.getuser()}@{socket.gethostname()}"
+    if (args.since is not None or args.reason_like is not None) and not args.all:
+        raise CliError("dlq redrive: --since and --reason-like select among --all", 2)
+    operator = _operator()
 
     async def redrive(conn: psycopg.AsyncConnection[Any]) -> list[store.Redriven]:
         return await store.dlq_redrive(
@@ -405,6 +415,8 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
             ids=args.ids or [],
             channel=args.channel,
             operator=operator,
+            since=timedelta(seconds=args.since) if args.since is not None else None,
+            reason_like=args.reason_like,
         )
 
     verdicts: list[store.Redriven] = _with_conn(dsn, redrive)
@@ -425,6 +437,83 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
         + (f": {', '.join(map(str, ok))}" if ok and len(ok) <= 20 else "")
     )
     return 0 if not refused and len(found) >= len(set(args.ids or [])) else 1
+
+
+def _operator() -> str:
+    """Who ran a command that changes state (recorded with the change)."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+_CHANNEL_COLUMNS = [
+    "name",
+    "kind",
+    "state",
+    "claimed",
+    "next_retry_at",
+    "rate_limit",
+    "global_concurrency",
+    "catch_up",
+    "why",
+]
+
+
+def _channel_row(c: store.ChannelState) -> dict[str, Any]:
+    """A channel as the list and status show it: its state in a word, and why."""
+    if c.paused:
+        state, why = (
+            "PAUSED",
+            f"{c.paused_reason or 'no reason given'} (by {c.paused_by}, {_fmt(c.paused_at)})",
+        )
+    elif c.throttled:
+        state = "THROTTLED"
+        why = f"{c.throttle_reason or ''}; held {c.throttled_for_seconds or 0:.1f}s more" + (
+            f", at most {c.throttle_limit} claimed" if c.throttle_limit else ""
+        )
+    else:
+        state, why = "running", ""
+    return {**asdict(c), "state": state, "why": why}
+
+
+def cmd_channel(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+
+    async def go(conn: psycopg.AsyncConnection[Any]) -> Any:
+        await db.check_schema(conn)
+        if args.channel_cmd == "list":
+            return [_channel_row(c) for c in await store.channel_states(conn)]
+        try:
+            if args.channel_cmd == "pause":
+                return await store.channel_pause(
+                    conn, channel=args.name, reason=args.reason, actor=_operator()
+                )
+            return await store.channel_resume(conn, channel=args.name, actor=_operator())
+        except psycopg.errors.NoDataFound:
+            raise CliError(
+                f"no channel named {args.name!r} (`pgwork channel list` shows them)", 1
+            ) from None
+
+    try:
+        got = _with_conn(database.dsn, go)
+    finally:
+        database.close()
+    if args.channel_cmd == "list":
+        if args.json:
+            print(_json(got))
+        else:
+            print(_table(got, _CHANNEL_COLUMNS) if got else "no channels registered")
+    elif args.channel_cmd == "pause":
+        print(
+            f"paused channel {args.name}: every daemon holds its work until `pgwork channel resume`"
+            if got
+            else f"channel {args.name} was already paused"
+        )
+    else:
+        print(
+            f"resumed channel {args.name}"
+            if got
+            else f"channel {args.name} was not paused or throttled"
+        )
+    return 0
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -545,6 +634,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="every dead letter (with --channel: of that channel)"
     )
     rd.add_argument("--channel")
+    rd.add_argument(
+        "--since",
+        type=_duration_arg,
+        metavar="DURATION",
+        help="with --all: only rows that went dead within this long (e.g. 2h)",
+    )
+    rd.add_argument(
+        "--reason-like",
+        metavar="PATTERN",
+        help="with --all: only rows whose dead reason matches this SQL LIKE pattern "
+        "(e.g. 'attempt budget spent%%HTTP 5%%')",
+    )
+
+    ch = sub.add_parser(
+        "channel",
+        help="list channels with their state; pause or resume one",
+        description="Channel state held in the database and honoured by every daemon: a "
+        "paused channel's work waits (nothing dropped, no attempt counted) until resumed; "
+        "the state survives restarts.",
+    )
+    csub = ch.add_subparsers(dest="channel_cmd", required=True, parser_class=_Parser)
+    cls_ = csub.add_parser("list", help="channels and their state")
+    cls_.add_argument("--json", action="store_true")
+    pa = csub.add_parser("pause", help="pause a channel in every daemon")
+    pa.add_argument("name")
+    pa.add_argument("--reason", help="why (shown by status and the channel list)")
+    re_ = csub.add_parser("resume", help="resume a paused channel and lift any throttle")
+    re_.add_argument("name")
     return p
 
 
@@ -555,6 +672,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "status": cmd_status,
     "cleanup": cmd_cleanup,
     "dlq": cmd_dlq,
+    "channel": cmd_channel,
 }
 
 

@@ -139,3 +139,6 @@ def clean_sink() -> Iterator[None]:
     sink.reset()
     yield
     sink.reset()
+
+
+from .processes import procs  # noqa: E402, F401  (the daemon-process fixture)

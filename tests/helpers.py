@@ -129,7 +129,10 @@ def webhook_channel(
     read_timeout: float = 2.0,
     headers: dict[str, str] | None = None,
     concurrency: int = 16,
+    retry: RetryPolicy | None = None,
+    **more: Any,
 ) -> ChannelConfig:
+    """A webhook channel with short timeouts and backoff; ``more``: other ChannelConfig fields."""
     return ChannelConfig(
         name=name,
         kind="webhook",
@@ -138,7 +141,8 @@ def webhook_channel(
         read_timeout=read_timeout,
         connect_timeout=1.0,
         headers=headers or {},
-        retry=RetryPolicy(max_attempts=max_attempts, base=0.05, cap=0.2),
+        retry=retry or RetryPolicy(max_attempts=max_attempts, base=0.05, cap=0.2),
+        **more,
     )
 
 

@@ -89,6 +89,10 @@ class Receiver:
                 self.wfile.write(ans.body)
 
         class Server(ThreadingHTTPServer):
+            # Many daemons connect at once: with the default backlog (5) a dropped SYN is
+            # retried a second later, and a request sent now arrives a second late.
+            request_queue_size = 128
+
             def handle_error(self, request: Any, client_address: Any) -> None:
                 # A client that went away (killed daemon, timeout) is part of these tests.
                 return

@@ -48,6 +48,10 @@ def test_version_and_help_for_every_command() -> None:
         ["dlq", "list"],
         ["dlq", "show"],
         ["dlq", "redrive"],
+        ["channel"],
+        ["channel", "list"],
+        ["channel", "pause"],
+        ["channel", "resume"],
     ):
         r = pgwork(*cmd, "--help")
         assert r.returncode == 0 and "usage: pgwork" in r.stdout, cmd

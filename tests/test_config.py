@@ -118,6 +118,51 @@ backoff_base = "500ms"
             {},
             "channels.x.signing_secret: only webhook channels are signed",
         ),
+        (
+            '[channels.x]\nkind = "log"\ncatch_up = "some"',
+            {},
+            "channels.x.catch_up: must be one of",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nrate_limit = "5/fortnight"',
+            {},
+            "channels.x.rate_limit: unknown unit",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nrate_limit = "fast"',
+            {},
+            "channels.x.rate_limit: expected deliveries",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nrate_limit = 0',
+            {},
+            "channels.x.rate_limit: must be between",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nrate_burst = 5',
+            {},
+            "channels.x.rate_burst: only with a rate_limit",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nexpire_after = "soon"',
+            {},
+            "channels.x.expire_after: not a duration",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nretry_for = "0s"',
+            {},
+            "channels.x.retry_for: must be between",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nglobal_concurrency = 0',
+            {},
+            "channels.x.global_concurrency: must be between",
+        ),
+        (
+            '[channels.x]\nkind = "log"',
+            {"PGWORK_CHANNELS_X_RATE_LIMIT": "lots"},
+            "channels.x.rate_limit (from PGWORK_CHANNELS_X_RATE_LIMIT)",
+        ),
     ],
 )
 def test_wrong_values_name_the_option(
@@ -189,3 +234,21 @@ def test_wrong_channel_environment_overrides_name_the_variable(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load(None, env=env)
+
+
+def test_delivery_edge_options(tmp_path: Path) -> None:
+    cfg = load(
+        write(
+            tmp_path,
+            '[channels.h]\nkind = "webhook"\nurl = "http://h"\nrate_limit = "3000/min"\n'
+            'global_concurrency = 8\nexpire_after = "6h"\ncatch_up = "latest"\nretry_for = "2d"\n'
+            '[channels.p]\nkind = "log"\nrate_limit = 2.5\nrate_burst = 10\n',
+        ),
+        env={"PGWORK_CHANNELS_H_CATCH_UP": "none"},
+    )
+    h, p = cfg.channels["h"], cfg.channels["p"]
+    assert (h.rate_limit, h.rate_burst, h.global_concurrency) == (50.0, 50.0, 8)
+    assert (h.expire_after, h.catch_up, h.retry.retry_for) == (6 * 3600, "none", 2 * 86400)
+    assert (p.rate_limit, p.rate_burst, p.expire_after, p.catch_up) == (2.5, 10.0, None, "all")
+    # Defaults ride out a long outage: a day of retries, within a hundred attempts.
+    assert (p.retry.retry_for, p.retry.max_attempts) == (86400.0, 100)
