@@ -36,6 +36,7 @@ ORDER = [
     "burndown",
     "latency",
     "webhook",
+    "morning",
     "lateness",
     "materialise",
     "retention",

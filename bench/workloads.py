@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Sizes:
     burndown: int = 100_000
     webhook: int = 20_000
+    morning: int = 100_000
     latency_samples: int = 500
     lateness: int = 2_000
     lateness_window: float = 60.0
@@ -54,6 +55,7 @@ FULL = Sizes()
 QUICK = Sizes(
     burndown=50_000,
     webhook=10_000,
+    morning=100_000,
     latency_samples=500,
     lateness=1_000,
     lateness_window=30,
@@ -69,6 +71,7 @@ QUICK = Sizes(
 SMOKE = Sizes(
     burndown=2_000,
     webhook=300,
+    morning=500,
     latency_samples=20,
     lateness=40,
     lateness_window=2,
@@ -316,6 +319,100 @@ async def _aiohttp_bare(url: str, body: bytes, n: int, concurrency: int) -> floa
             for _ in range(concurrency):
                 tg.start_soon(poster)
         return n / (time.perf_counter() - t0)
+
+
+# -- 2b. morning burst ---------------------------------------------------------------------
+
+#: Fractions of the burst whose delivery time the morning workload reports (the curve).
+MORNING_CURVE = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+
+
+async def w_morning(ctx: Ctx) -> dict[str, float]:
+    """Everyone's reminder at 09:00 local time: ``morning`` reminders with the same wall-clock
+    due time in one zone, written ahead (the materialiser has made their rows by then, as its
+    look-ahead does in production), sent through the webhook channel to the local receiver.
+    Reports seconds from the due instant until the last is delivered, and the curve: seconds
+    until each fraction in MORNING_CURVE was delivered."""
+    name, dsn = ctx.fresh()
+    proc, url = _start_receiver()
+    try:
+        n = ctx.sizes.morning
+        lead = 20.0 + n / 10_000  # time to write and materialise before the due instant
+        async with await db.connect(dsn) as c:
+            cur = await c.execute(
+                "SELECT date_trunc('second', (now() + make_interval(secs => %s)) "
+                "AT TIME ZONE 'Europe/London') AS local",
+                (lead,),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            await c.execute(
+                "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+                "SELECT 'bench', 'm' || g, %s, 'Europe/London', 'hook', 'r' FROM generate_series(1, %s) g",
+                (row[0], n),
+            )
+            cur = await c.execute(
+                "SELECT min(due_at), extract(epoch FROM min(due_at) - now()) FROM pgwork.reminder"
+            )
+            due_row = await cur.fetchone()
+            assert due_row is not None and due_row[1] > 0, (
+                "the burst was written after its due time"
+            )
+            due_at, ahead = due_row
+            await prepare_measure(c)
+        hook = ChannelConfig(
+            name="hook",
+            kind="webhook",
+            url=url,
+            concurrency=32,
+            retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
+        )
+        cfg = daemon_config(hook, lookahead=60.0, tick=1.0)
+        d = Daemon(cfg, dsn)
+        done = d.metrics.attempts.labels("hook", "delivered")
+        marks: dict[float, float] = {}
+        async with anyio.create_task_group() as tg:
+            await tg.start(d.run)
+            # Sleep until the due instant by the database's clock, then watch the count.
+            async with await db.connect(dsn) as c:
+                cur = await c.execute(
+                    "SELECT extract(epoch FROM %s::timestamptz - now())", (due_at,)
+                )
+                left = await cur.fetchone()
+            assert left is not None
+            await anyio.sleep(max(0.0, float(left[0])))
+            t0 = time.perf_counter()
+            with CpuMeter(ctx.postmaster) as cpu:
+                while len(marks) < len(MORNING_CURVE):
+                    got = float(done._value.get())
+                    for q in MORNING_CURVE:
+                        if q not in marks and got >= q * n:
+                            marks[q] = time.perf_counter() - t0
+                    await anyio.sleep(0.01)
+            d.request_stop()
+            tg.cancel_scope.deadline = anyio.current_time() + 30
+        async with await db.connect(dsn) as c:
+            cur = await c.execute(
+                "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP "
+                "(ORDER BY extract(epoch FROM a.finished_at - w.due_at)) "
+                "FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
+                "WHERE a.outcome = 'delivered'"
+            )
+            lat = await cur.fetchone()
+        assert lat is not None
+        return {
+            "seconds": marks[1.0],
+            "per_s": n / marks[1.0],
+            "written_ahead_s": float(ahead),
+            **{f"t{round(q * 100)}_s": marks[q] for q in MORNING_CURVE if q < 1.0},
+            "late_p50_s": float(lat[0][0]),
+            "late_p99_s": float(lat[0][1]),
+            **cpu.as_dict(),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        ctx.drop(name)
 
 
 # -- 3. insert -> delivery latency ---------------------------------------------------------

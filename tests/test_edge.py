@@ -453,3 +453,39 @@ async def test_redrive_selects_by_time_window_and_reason(
         {"business_key": "recent-404", "status": "dead"},
         {"business_key": "recent-500", "status": "ready"},
     ]
+
+
+async def test_an_expired_occurrence_stays_unsent_after_retention_and_a_move_back(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Retention leaves a tombstone for an expired occurrence, as for a delivered one: moving the
+    deadline away and back does not make it sendable again."""
+    from pgwork.config import RetentionPolicy
+    from pgwork.duties.retention import Retention
+
+    await add(conn, "k", "now() - interval '2 hours'")
+    await materialise(dsn)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        closed = await statement(
+            c,
+            "claim_work",
+            {
+                "channel": "test",
+                "limit": 10,
+                "max_attempts": 5,
+                "lease": timedelta(seconds=30),
+                "daemon_id": "d",
+                "expire_after": timedelta(hours=1),
+            },
+        )
+        assert [r["status"] for r in closed] == ["expired"]
+        r = Retention(RetentionPolicy(keep=0.0, pause=0.0))
+        await r.configure(c)
+        assert (await r.run_once(c)).deleted == 1
+    assert await rows(conn, "SELECT status FROM pgwork.retired") == [{"status": "expired"}]
+    await conn.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '1 day'")
+    await conn.execute("UPDATE pgwork.reminder SET due_at = due_at - interval '1 day'")
+    await materialise(dsn)
+    assert await count(conn, "deadline < now()") == 0  # not made again
+    (st,) = await rows(conn, "SELECT status, retired FROM pgwork.reminder_status")
+    assert (st["status"], st["retired"]) == ("expired", True)

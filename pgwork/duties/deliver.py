@@ -51,6 +51,8 @@ class ChannelWorker:
     THROTTLE_HOLD = 1.0
     #: Longest a single answer may hold the channel, seconds.
     MAX_THROTTLE_HOLD = 3600.0
+    #: A held worker looks again this often, seconds.
+    HOLD_SLICE = 0.5
 
     def __init__(
         self,
@@ -311,7 +313,8 @@ class ChannelWorker:
                 # Throttled: queued rows wait (their leases are kept) until the hold passes.
                 hold = self._hold_until - time.monotonic()
                 if hold > 0:
-                    await anyio.sleep(hold)
+                    # In slices: a resume (or a stop) ends the hold early.
+                    await anyio.sleep(min(hold, self.HOLD_SLICE))
                     continue
                 self._hold_until = 0.0
             row = self._queue.popleft()
@@ -363,7 +366,12 @@ class ChannelWorker:
         t1 = time.monotonic()
         elapsed = t1 - t0
         self._m_duration.observe(elapsed)
-        tried_for = (self.clock.db_time(t1) - row.retry_since).total_seconds()
+        # How long the occurrence has been tried: only a retry needs it (database clock).
+        tried_for = (
+            0.0
+            if isinstance(outcome, Delivered)
+            else (self.clock.db_time(t1) - row.retry_since).total_seconds()
+        )
         ledger, status, delay, error = decide(
             outcome, row.attempts - row.attempts_base, self.policy, tried_for
         )
@@ -419,6 +427,8 @@ class ChannelWorker:
                 # Hold here at once; the other daemons learn it by NOTIFY.
                 self._hold_until = max(self._hold_until, r.finished + r.throttle)
             if accepted and r.pause is not None:
+                # Start nothing more at once; the gate read then gives the queue back.
+                self._hold_until = math.inf
                 self.gate_changed()
             level = logging.WARNING if r.status == "dead" else logging.INFO
             if level == logging.WARNING or log_info:

@@ -279,7 +279,10 @@ WITH gate AS MATERIALIZED (
            -- The payload as text: nothing in the claim decodes it (one undecodable payload
            -- cannot fail a batch), and receivers get it exactly as stored.
            r.recipient, r.payload::text AS payload
-      FROM candidate c
+      -- The constant LIMIT changes nothing (candidate has at most that many rows) but tells
+      -- the planner so: candidate's own LIMIT is not known when planning, and taken as a tenth
+      -- of the table it made the joins below scan the whole table.
+      FROM (SELECT id FROM candidate LIMIT %(limit)s) AS c
       JOIN pgwork.renewal_work w ON w.id = c.id
       LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
 ), updated AS (
@@ -617,7 +620,7 @@ UPDATE pgwork.config SET retention_paused = %(paused)s
 -- One keyset batch of terminal work older than its keep (dead letters have their own, longer
 -- keep), deleted by primary key with its ledger rows. The terminal-status and age filters are in
 -- the DELETE itself: a row that became live again (a superseded occurrence revived) between the
--- scan and the delete is left alone. A delivered or dead occurrence of a reminder that still
+-- scan and the delete is left alone. A delivered, dead or expired occurrence of a reminder that still
 -- exists leaves a tombstone (pgwork.retired) that the materialiser honours; the batch holds the
 -- materialiser's coordination lock (see materialise_lock) exclusively, so no page can run on a
 -- snapshot that misses the tombstone.
@@ -644,7 +647,7 @@ WITH lock AS MATERIALIZED (
     INSERT INTO pgwork.retired (reminder_id, deadline, occurrence, status, operation_id, finished_at)
     SELECT g.reminder_id, g.deadline, g.occurrence, g.status, g.operation_id, g.finished_at
       FROM gone g
-     WHERE g.status IN ('delivered', 'dead')
+     WHERE g.status IN ('delivered', 'dead', 'expired')
        AND EXISTS (SELECT 1 FROM pgwork.reminder r WHERE r.id = g.reminder_id)
         ON CONFLICT DO NOTHING
     RETURNING 1
