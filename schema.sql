@@ -48,6 +48,10 @@ CREATE TABLE pgwork.channel (
     rate_limit    double precision CHECK (rate_limit > 0),
     rate_burst    double precision CHECK (rate_burst >= 1),
     catch_up      text NOT NULL DEFAULT 'all' CHECK (catch_up IN ('all', 'latest', 'none')),
+    breaker_after integer CHECK (breaker_after > 0),
+    breaker_probe interval,
+    -- The circuit breaker's count: attempts in a row that failed (any daemon); a success resets it.
+    failures      integer NOT NULL DEFAULT 0,
     -- The rate limit's token bucket: tokens left at tokens_at.
     tokens        double precision,
     tokens_at     timestamptz
@@ -63,6 +67,10 @@ COMMENT ON COLUMN pgwork.channel.not_before IS
 COMMENT ON COLUMN pgwork.channel.throttle_limit IS
     'Throttled: rows claimed across all daemons at most; halved by a throttling answer, grown by each '
     'success, cleared once back at throttle_from.';
+COMMENT ON COLUMN pgwork.channel.breaker_after IS
+    'Circuit breaker: after this many failed attempts in a row (any daemon) the channel is held for '
+    'breaker_probe, then one delivery at a time probes it: a success lifts it step by step, a '
+    'failure holds it again. NULL: off.';
 COMMENT ON COLUMN pgwork.channel.catch_up IS
     'Occurrences already past when their reminder was written or moved: all are sent; latest: only the '
     'most recent; none: none (the others are closed as expired).';

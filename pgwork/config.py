@@ -77,6 +77,10 @@ class ChannelConfig:
     rate_burst: float | None = None
     #: Deliveries in flight (rows claimed) across all daemons at most; None: no cap.
     global_concurrency: int | None = None
+    #: Circuit breaker: failed attempts in a row (any daemon) that hold the channel; None: off.
+    breaker_after: int | None = None
+    #: How long a tripped breaker holds the channel before one delivery probes it, seconds.
+    breaker_probe: float = 30.0
     #: Standard Webhooks signing secrets as configured (``whsec_…``), newest first; empty:
     #: requests are not signed.
     signing_secrets: tuple[str, ...] = ()
@@ -208,6 +212,8 @@ _CHANNEL_KEYS = {
     "rate_limit",
     "rate_burst",
     "global_concurrency",
+    "breaker_after",
+    "breaker_probe",
 }
 
 _RATE_UNITS = {
@@ -471,6 +477,8 @@ def _channel(
         # A second's worth by default (at least one).
         rate_burst=float(burst) if burst is not None else (max(1.0, rate) if rate else None),
         global_concurrency=num("global_concurrency", "int", None, 1, 1_000_000),
+        breaker_after=num("breaker_after", "int", None, 1, 1_000_000),
+        breaker_probe=num("breaker_probe", "duration", 30.0, 0.1, 86400),
     )
 
 

@@ -222,6 +222,8 @@ async def register_channels(
     global_concurrency: list[int | None],
     rate_limit: list[float | None],
     rate_burst: list[float | None],
+    breaker_after: list[int | None],
+    breaker_probe: list[timedelta],
 ) -> list[str]:
     """Register the channels with their shared settings; returns those whose settings changed."""
     got = await _rows(
@@ -235,6 +237,8 @@ async def register_channels(
             "global_concurrency": global_concurrency,
             "rate_limit": rate_limit,
             "rate_burst": rate_burst,
+            "breaker_after": breaker_after,
+            "breaker_probe": breaker_probe,
         },
     )
     return [r.name for r in got]

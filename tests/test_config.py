@@ -159,6 +159,16 @@ backoff_base = "500ms"
             "channels.x.global_concurrency: must be between",
         ),
         (
+            '[channels.x]\nkind = "log"\nbreaker_after = 0',
+            {},
+            "channels.x.breaker_after: must be between",
+        ),
+        (
+            '[channels.x]\nkind = "log"\nbreaker_probe = "0s"',
+            {},
+            "channels.x.breaker_probe: must be between",
+        ),
+        (
             '[channels.x]\nkind = "log"',
             {"PGWORK_CHANNELS_X_RATE_LIMIT": "lots"},
             "channels.x.rate_limit (from PGWORK_CHANNELS_X_RATE_LIMIT)",
@@ -242,6 +252,7 @@ def test_delivery_edge_options(tmp_path: Path) -> None:
             tmp_path,
             '[channels.h]\nkind = "webhook"\nurl = "http://h"\nrate_limit = "3000/min"\n'
             'global_concurrency = 8\nexpire_after = "6h"\ncatch_up = "latest"\nretry_for = "2d"\n'
+            'breaker_after = 20\nbreaker_probe = "1m"\n'
             '[channels.p]\nkind = "log"\nrate_limit = 2.5\nrate_burst = 10\n',
         ),
         env={"PGWORK_CHANNELS_H_CATCH_UP": "none"},
@@ -249,6 +260,7 @@ def test_delivery_edge_options(tmp_path: Path) -> None:
     h, p = cfg.channels["h"], cfg.channels["p"]
     assert (h.rate_limit, h.rate_burst, h.global_concurrency) == (50.0, 50.0, 8)
     assert (h.expire_after, h.catch_up, h.retry.retry_for) == (6 * 3600, "none", 2 * 86400)
+    assert (h.breaker_after, h.breaker_probe, p.breaker_after) == (20, 60.0, None)
     assert (p.rate_limit, p.rate_burst, p.expire_after, p.catch_up) == (2.5, 10.0, None, "all")
     # Defaults ride out a long outage: a day of retries, within a hundred attempts.
     assert (p.retry.retry_for, p.retry.max_attempts) == (86400.0, 100)

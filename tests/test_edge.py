@@ -190,6 +190,45 @@ async def test_throttle_state_halves_then_recovers_with_successes(dsn: str) -> N
         assert ch == {"throttle_limit": None, "throttle_from": None, "throttle_reason": None}
 
 
+async def test_circuit_breaker_holds_the_channel_and_probes_one_at_a_time(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Five failures in a row trip the breaker: the channel is held for the probe interval, then
+    one delivery at a time probes it; once the receiver recovers, everything goes out."""
+    healthy = [False]
+    with Receiver(lambda r: Answer() if healthy[0] else Answer(status=500)) as receiver:
+        await _insert_due(conn, 40)
+        ch = webhook_channel(
+            receiver.url,
+            concurrency=4,
+            retry=RetryPolicy(max_attempts=1000, base=0.01, cap=0.05),
+            breaker_after=5,
+            breaker_probe=1.0,
+        )
+        async with running(config(ch), dsn):
+            await until(lambda: _breaker_tripped(conn), what="breaker tripped")
+            tripped = time.time()
+            await anyio.sleep(3.2)
+            sent = [r.at for r in receiver.requests if r.at > tripped + 0.2]
+            # Without the breaker: hundreds of requests in 3 s (backoff of at most 50 ms, 4 at
+            # a time). With it: about one probe per second, one at a time.
+            assert 1 <= len(sent) <= 6, f"{len(sent)} requests while the breaker held"
+            (st,) = [c for c in await _channel_states(conn) if c["name"] == "hook"]
+            assert st["throttled"] and "circuit breaker" in st["throttle_reason"]
+            healthy[0] = True
+            await until(lambda: _delivered(conn, 40), timeout=30, what="all after recovery")
+        assert await count(conn, "status = 'dead'") == 0
+
+
+async def _breaker_tripped(conn: psycopg.AsyncConnection[Any]) -> bool:
+    got = await rows(conn, "SELECT throttle_reason FROM pgwork.channel WHERE name = 'hook'")
+    return "circuit breaker" in (got[0]["throttle_reason"] or "")
+
+
+async def _channel_states(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    return await statement(conn, "channel_states")
+
+
 # -- pause and resume ------------------------------------------------------------------------
 
 

@@ -190,9 +190,12 @@ class ChannelWorker:
             return await store.next_available(conn, channel=self.name)
 
     async def _apply_gate(self, gate: store.Gate) -> None:
-        """Take the channel's state from the database: hold deliveries until a throttle passes;
-        on a pause, give back the rows queued here (not started, so not counted)."""
+        """Take the channel's state from the database. Paused, or held by a throttle or the
+        circuit breaker: give back the rows queued here (not started, so not counted), so that
+        they are claimed again under the channel's limits once it opens."""
         self._hold_until = time.monotonic() + gate.hold_s if gate.hold_s else 0.0
+        if gate.hold_s and self._queue:
+            await self._give_back_queued("held")
         if gate.paused == self.paused:
             return
         self.paused = gate.paused
@@ -201,12 +204,12 @@ class ChannelWorker:
             "channel %s", "paused" if gate.paused else "resumed", extra={"channel": self.name}
         )
         if gate.paused:
-            await self._give_back_queued()
+            await self._give_back_queued("paused")
         else:
             for _ in range(min(len(self._queue), len(self._idle))):
                 self._idle.pop().set()
 
-    async def _give_back_queued(self) -> None:
+    async def _give_back_queued(self, why: str) -> None:
         queued = list(self._queue)
         self._queue.clear()
         if not queued:
@@ -216,7 +219,7 @@ class ChannelWorker:
         self.held -= len(queued)
         self._m_held.set(self.held)
         log.info(
-            "gave back %d queued rows of a paused channel", released, extra={"channel": self.name}
+            "gave back %d queued rows of a %s channel", released, why, extra={"channel": self.name}
         )
 
     async def claim_step(self) -> Next:
@@ -424,8 +427,10 @@ class ChannelWorker:
             if r.status == "ready":
                 self.waker.wake("local")  # the retry may be due before the next tick
             if accepted and r.throttle is not None:
-                # Hold here at once; the other daemons learn it by NOTIFY.
+                # Hold here at once (the other daemons learn it by NOTIFY); the gate read then
+                # gives the queue back.
                 self._hold_until = max(self._hold_until, r.finished + r.throttle)
+                self.gate_changed()
             if accepted and r.pause is not None:
                 # Start nothing more at once; the gate read then gives the queue back.
                 self._hold_until = math.inf
@@ -536,11 +541,14 @@ class Deliveries:
                 global_concurrency=[c.global_concurrency for c in cs],
                 rate_limit=[c.rate_limit for c in cs],
                 rate_burst=[c.rate_burst for c in cs],
+                breaker_after=[c.breaker_after for c in cs],
+                breaker_probe=[timedelta(seconds=c.breaker_probe) for c in cs],
             )
         for name in changed:
             log.warning(
                 "channel %s: this daemon's config changed its shared settings (catch_up, "
-                "global_concurrency, rate_limit); daemons sharing a database should share them",
+                "global_concurrency, rate_limit, breaker); daemons sharing a database should "
+                "share them",
                 name,
                 extra={"channel": name},
             )

@@ -163,24 +163,30 @@ SELECT n.at, n.id, extract(epoch FROM n.at - %(cutoff)s::timestamptz)::float8 AS
 -- (paused, throttled) is kept. Returns the channels whose settings this changed.
 WITH cfg AS (
     SELECT * FROM unnest(%(names)s::text[], %(kinds)s::text[], %(catch_up)s::text[],
-                         %(global_concurrency)s::int[], %(rate_limit)s::float8[], %(rate_burst)s::float8[])
-        AS c(name, kind, catch_up, global_concurrency, rate_limit, rate_burst)
+                         %(global_concurrency)s::int[], %(rate_limit)s::float8[], %(rate_burst)s::float8[],
+                         %(breaker_after)s::int[], %(breaker_probe)s::interval[])
+        AS c(name, kind, catch_up, global_concurrency, rate_limit, rate_burst, breaker_after, breaker_probe)
 ), old AS (
     SELECT c.* FROM pgwork.channel c JOIN cfg USING (name) FOR UPDATE OF c
 ), upserted AS (
-    INSERT INTO pgwork.channel AS ch (name, kind, catch_up, global_concurrency, rate_limit, rate_burst)
-    SELECT name, kind, catch_up, global_concurrency, rate_limit, rate_burst FROM cfg
+    INSERT INTO pgwork.channel AS ch
+           (name, kind, catch_up, global_concurrency, rate_limit, rate_burst, breaker_after, breaker_probe)
+    SELECT name, kind, catch_up, global_concurrency, rate_limit, rate_burst, breaker_after, breaker_probe
+      FROM cfg
         ON CONFLICT (name) DO UPDATE
        SET kind = excluded.kind, catch_up = excluded.catch_up,
            global_concurrency = excluded.global_concurrency,
            rate_limit = excluded.rate_limit, rate_burst = excluded.rate_burst,
+           breaker_after = excluded.breaker_after, breaker_probe = excluded.breaker_probe,
            tokens = CASE WHEN ch.rate_limit IS NOT DISTINCT FROM excluded.rate_limit THEN ch.tokens END
     RETURNING ch.name
 )
 SELECT cfg.name
   FROM cfg JOIN old USING (name)
- WHERE (old.kind, old.catch_up, old.global_concurrency, old.rate_limit, old.rate_burst)
-       IS DISTINCT FROM (cfg.kind, cfg.catch_up, cfg.global_concurrency, cfg.rate_limit, cfg.rate_burst)
+ WHERE (old.kind, old.catch_up, old.global_concurrency, old.rate_limit, old.rate_burst,
+        old.breaker_after, old.breaker_probe)
+       IS DISTINCT FROM (cfg.kind, cfg.catch_up, cfg.global_concurrency, cfg.rate_limit, cfg.rate_burst,
+                         cfg.breaker_after, cfg.breaker_probe)
 
 -- name: channel_lock
 -- Serialises the claims of a channel with a rate limit or a global concurrency across daemons:
@@ -389,19 +395,33 @@ WITH o AS (
     -- What the applied outcomes say about their channels: a throttling answer (seconds to hold
     -- the channel), successes (a throttle recovers by one step each), a reason to pause.
     SELECT o.channel, max(o.throttle) AS throttle, max(o.error) FILTER (WHERE o.throttle IS NOT NULL) AS throttle_reason,
-           count(*) FILTER (WHERE o.status = 'delivered') AS ok, max(o.pause) AS pause
+           count(*) FILTER (WHERE o.status = 'delivered') AS ok, max(o.pause) AS pause,
+           count(*) FILTER (WHERE o.outcome = 'retry' AND o.throttle IS NULL AND o.pause IS NULL) AS failed
       FROM o
       JOIN done d ON d.id = o.work_id AND d.lease = o.lease
-     WHERE o.throttle IS NOT NULL OR o.pause IS NOT NULL OR o.status = 'delivered'
+     WHERE o.throttle IS NOT NULL OR o.pause IS NOT NULL OR o.status = 'delivered' OR o.outcome = 'retry'
      GROUP BY o.channel
+), breaker AS (
+    -- The circuit breaker: failed attempts in a row, across daemons (a batch with a success
+    -- resets the count). Reaching breaker_after trips it: the channel is held for breaker_probe,
+    -- then probed one delivery at a time (a throttle limit of one), and the count stays up, so a
+    -- failed probe trips it again and a success starts the recovery.
+    SELECT n.*, c.breaker_probe,
+           CASE WHEN n.ok > 0 THEN 0 ELSE c.failures + n.failed END AS failures,
+           n.ok = 0 AND c.failures + n.failed >= c.breaker_after AS trips
+      FROM news n
+      JOIN pgwork.channel c ON c.name = n.channel
 ), channel_news AS (
     -- Throttle: hold the channel until the answer's Retry-After (or a second) and halve the rows
     -- it may have claimed (at most once a second); each success grows the limit by one, and it
     -- is lifted once back where it started. A pause reason pauses the channel (e.g. HTTP 410).
     UPDATE pgwork.channel c
-       SET not_before = CASE WHEN n.throttle IS NULL THEN c.not_before
+       SET not_before = CASE WHEN n.trips THEN greatest(c.not_before, now() + n.breaker_probe)
+                             WHEN n.throttle IS NULL THEN c.not_before
                              ELSE greatest(c.not_before, now() + make_interval(secs => n.throttle)) END,
+           failures = CASE WHEN c.breaker_after IS NULL THEN 0 ELSE n.failures END,
            throttle_limit = CASE
+               WHEN n.trips THEN 1
                WHEN n.throttle IS NOT NULL AND (c.throttled_at IS NULL OR c.throttled_at < now() - interval '1 second')
                    THEN greatest(1, coalesce(c.throttle_limit,
                                              (SELECT count(*) FROM pgwork.renewal_work h
@@ -411,26 +431,29 @@ WITH o AS (
                WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                ELSE c.throttle_limit + n.ok::int END,
            throttle_from = CASE
-               WHEN n.throttle IS NOT NULL AND c.throttle_limit IS NULL
+               WHEN (n.throttle IS NOT NULL OR n.trips) AND c.throttle_limit IS NULL
                    THEN greatest(2, (SELECT count(*) FROM pgwork.renewal_work h
                                       WHERE h.channel = c.name AND h.status = 'claimed'
                                         AND h.available_at > now())::int)
                WHEN n.throttle IS NULL AND c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                ELSE c.throttle_from END,
-           throttled_at = CASE WHEN n.throttle IS NOT NULL THEN now() ELSE c.throttled_at END,
-           throttle_reason = CASE WHEN n.throttle IS NOT NULL THEN left(n.throttle_reason, 500)
+           throttled_at = CASE WHEN n.throttle IS NOT NULL OR n.trips THEN now() ELSE c.throttled_at END,
+           throttle_reason = CASE WHEN n.trips THEN format('circuit breaker: %%s failed attempts in a row; probing every %%s',
+                                                           n.failures, n.breaker_probe)
+                                  WHEN n.throttle IS NOT NULL THEN left(n.throttle_reason, 500)
                                   WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                                   ELSE c.throttle_reason END,
            paused = c.paused OR n.pause IS NOT NULL,
            paused_at = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN now() ELSE c.paused_at END,
            paused_by = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN 'pgwork:' || %(daemon_id)s ELSE c.paused_by END,
            paused_reason = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN left(n.pause, 500) ELSE c.paused_reason END
-      FROM news n
+      FROM breaker n
      WHERE c.name = n.channel
-       AND (n.throttle IS NOT NULL OR n.pause IS NOT NULL OR c.throttle_limit IS NOT NULL)
+       AND (n.throttle IS NOT NULL OR n.pause IS NOT NULL OR c.throttle_limit IS NOT NULL
+            OR (c.breaker_after IS NOT NULL AND (n.failed > 0 OR c.failures > 0)))
     -- Every daemon holds its queued rows of a newly throttled or paused channel at once (in a
     -- RETURNING list: a data-modifying CTE always runs, a plain one only when read).
-    RETURNING c.name, CASE WHEN n.throttle IS NOT NULL OR n.pause IS NOT NULL
+    RETURNING c.name, CASE WHEN n.throttle IS NOT NULL OR n.pause IS NOT NULL OR n.trips
                            THEN pg_notify('pgwork_channel', c.name)::text END AS told
 ), judged AS (
     -- Joins, not correlated EXISTS: a flush holds up to a thousand records, and a scan of
