@@ -283,12 +283,15 @@ CREATE TABLE pgwork.daemon (
     version      text NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
-    listener_up  boolean NOT NULL DEFAULT false,
+    listener_up  boolean DEFAULT false,
     heartbeat_every interval NOT NULL DEFAULT '20 seconds'
 );
 COMMENT ON TABLE pgwork.daemon IS
     'Running (or recently running) daemons, refreshed by their heartbeat. A row whose heartbeat is '
     'older than three heartbeat_every is shown as gone; after ten it is deleted by the others.';
+COMMENT ON COLUMN pgwork.daemon.listener_up IS
+    'Whether its LISTEN connection is up; NULL: it runs without one by configuration (behind a '
+    'transaction pooler with no listen_dsn: the tick alone finds new work).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Functions

@@ -584,7 +584,6 @@ async def w_retention(ctx: Ctx) -> dict[str, float]:
             await seed_terminal(c, n)
             await prepare_measure(c)
             r = Retention(RetentionPolicy())
-            await r.configure(c)
             with CpuMeter(ctx.postmaster) as cpu:
                 res = await r.run_once(c)
             assert res.deleted == n, res
@@ -613,7 +612,6 @@ async def w_retention(ctx: Ctx) -> dict[str, float]:
                 nonlocal longest
                 async with await db.connect(dsn) as rc:
                     rr = Retention(RetentionPolicy())
-                    await rr.configure(rc)
                     res = await rr.run_once(rc)
                     longest = res.longest_batch
 

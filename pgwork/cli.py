@@ -53,6 +53,8 @@ class Database:
 
     def __init__(self, cfg: Config, *, start_embedded: bool = True) -> None:
         self.server: LocalServer | None = None
+        #: Behind a transaction-pooling PgBouncer (``database.pooler``).
+        self.pooled = cfg.pooler == "transaction"
         if cfg.dsn:
             self.dsn, self.embedded = cfg.dsn, False
         elif any(os.environ.get(v) for v in LIBPQ_ENV):
@@ -75,10 +77,12 @@ class Database:
             self.server.stop()
 
 
-def _with_conn(dsn: str, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]) -> Any:
+def _with_conn(
+    dsn: str, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]], pooled: bool = False
+) -> Any:
     async def main() -> Any:
         try:
-            conn = await db.connect(dsn, timeout=5)
+            conn = await db.connect(dsn, timeout=5, pooled=pooled)
         except psycopg.OperationalError as e:
             raise CliError(
                 f"cannot connect to the database ({db.describe(dsn)}): "
@@ -128,17 +132,17 @@ def _print_welcome(database: Database) -> None:
     )
 
 
-def _migrate(dsn: str) -> str:
+def _migrate(dsn: str, pooled: bool = False) -> str:
     async def go(conn: psycopg.AsyncConnection[Any]) -> str:
         return await db.migrate(conn)
 
-    return str(_with_conn(dsn, go))
+    return str(_with_conn(dsn, go, pooled))
 
 
 def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
     database = Database(cfg)
     try:
-        print(_migrate(database.dsn))
+        print(_migrate(database.dsn, database.pooled))
     finally:
         database.close()
     return 0
@@ -215,7 +219,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
 
     database = Database(cfg)
     try:
-        st = _with_conn(database.dsn, go)
+        st = _with_conn(database.dsn, go, database.pooled)
     finally:
         database.close()
     dead = sum(r["n"] for r in st["work"] if r["status"] == "dead")
@@ -258,7 +262,14 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             f"oldest kept {_fmt(r['oldest_terminal_age_seconds'])}s"
         )
         if st["daemons"]:
-            shown = [{**d, "state": "GONE" if d["gone"] else "running"} for d in st["daemons"]]
+            shown = [
+                {
+                    **d,
+                    "state": "GONE" if d["gone"] else "running",
+                    "listener_up": "off" if d["listener_up"] is None else d["listener_up"],
+                }
+                for d in st["daemons"]
+            ]
             print(
                 "\n"
                 + _table(
@@ -297,7 +308,6 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
                 else "retention resumed"
             )
         r = Retention(cfg.retention)
-        await r.configure(conn)
         res = await r.run_once(conn)
         if res.paused:
             raise CliError("retention is paused (`pgwork cleanup --resume` resumes it)", 1)
@@ -307,7 +317,7 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
         )
 
     try:
-        print(_with_conn(dsn, go))
+        print(_with_conn(dsn, go, database.pooled))
     finally:
         database.close()
     return 0
@@ -323,12 +333,12 @@ def _cutoffs(cfg: Config, now: datetime) -> dict[str, datetime]:
 def cmd_dlq(args: argparse.Namespace, cfg: Config) -> int:
     database = Database(cfg)
     try:
-        return int(_dlq(args, database.dsn))
+        return int(_dlq(args, database.dsn, database.pooled))
     finally:
         database.close()
 
 
-def _dlq(args: argparse.Namespace, dsn: str) -> int:
+def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
     if args.dlq_cmd == "list":
         older = timedelta(seconds=args.older_than) if args.older_than is not None else None
 
@@ -342,7 +352,7 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
             )
             return [asdict(r) for r in got]
 
-        rows = _with_conn(dsn, lst)
+        rows = _with_conn(dsn, lst, pooled)
         if args.json:
             print(_json(rows))
         elif rows:
@@ -374,7 +384,7 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
                 await store.work_attempts(conn, id=args.id),
             )
 
-        work, attempts = _with_conn(dsn, show)
+        work, attempts = _with_conn(dsn, show, pooled)
         if not work:
             raise CliError(f"no work row with id {args.id}", 1)
         if args.json:
@@ -419,7 +429,7 @@ def _dlq(args: argparse.Namespace, dsn: str) -> int:
             reason_like=args.reason_like,
         )
 
-    verdicts: list[store.Redriven] = _with_conn(dsn, redrive)
+    verdicts: list[store.Redriven] = _with_conn(dsn, redrive, pooled)
     found = {r.id for r in verdicts}
     ok = [r.id for r in verdicts if r.verdict == "ok"]
     refused = [r for r in verdicts if r.verdict != "ok"]
@@ -493,7 +503,7 @@ def cmd_channel(args: argparse.Namespace, cfg: Config) -> int:
             ) from None
 
     try:
-        got = _with_conn(database.dsn, go)
+        got = _with_conn(database.dsn, go, database.pooled)
     finally:
         database.close()
     if args.channel_cmd == "list":

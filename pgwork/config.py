@@ -102,6 +102,12 @@ class Config:
     pool_size: int = 8
     #: Seconds to wait for a database connection before a pass fails (and is retried).
     connect_timeout: float = 5.0
+    #: ``transaction``: the DSN points at a transaction-pooling PgBouncer (no session state, no
+    #: prepared statements, LISTEN only through ``listen_dsn``); ``none``: a direct connection.
+    pooler: str = "none"
+    #: A direct connection for LISTEN (behind a pooler); default: ``dsn`` without a pooler, none
+    #: with one (then the tick is the only wake-up).
+    listen_dsn: str | None = None
     daemon_id: str | None = None
     #: Seconds in-flight deliveries may take to finish after SIGTERM before they are cancelled.
     shutdown_grace: float = 30.0
@@ -141,6 +147,8 @@ _OPTIONS: dict[str, tuple[str, str]] = {
     "database.embedded_dir": ("embedded_dir", "path"),
     "database.pool_size": ("pool_size", "int"),
     "database.connect_timeout": ("connect_timeout", "duration"),
+    "database.pooler": ("pooler", "str"),
+    "database.listen_dsn": ("listen_dsn", "str"),
     "daemon.id": ("daemon_id", "str"),
     "daemon.shutdown_grace": ("shutdown_grace", "duration"),
     "materialiser.tick": ("tick", "duration"),
@@ -166,6 +174,7 @@ _OPTIONS: dict[str, tuple[str, str]] = {
 }
 
 _CHOICES = {
+    "database.pooler": ("none", "transaction"),
     "log.format": ("auto", "json", "text"),
     "log.level": ("debug", "info", "warning", "error"),
     "log.redact": ("none", "hash", "drop"),
@@ -584,7 +593,7 @@ def load(
 
     for option, value in values.items():
         _check(option, value)
-    for option in ("database.dsn", "retention.dsn"):
+    for option in ("database.dsn", "retention.dsn", "database.listen_dsn"):
         if values.get(option):
             _check_dsn(option, values[option], env)
 

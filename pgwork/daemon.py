@@ -72,6 +72,19 @@ class Daemon:
         return self.identity[0]
 
     @property
+    def pooled(self) -> bool:
+        """The DSN points at a transaction-pooling PgBouncer (``database.pooler``)."""
+        return self.cfg.pooler == "transaction"
+
+    @property
+    def listen_dsn(self) -> str | None:
+        """Where LISTEN connects: ``database.listen_dsn``; else the DSN itself, unless it goes
+        through a pooler (LISTEN needs a session of its own): then None, no listener."""
+        if self.cfg.listen_dsn:
+            return self.cfg.listen_dsn
+        return None if self.pooled else self.dsn
+
+    @property
     def summary(self) -> str:
         """A one-line summary for `systemctl status` (the gauges duty's, while running)."""
         if self._state == "running" and self._gauges is not None:
@@ -91,7 +104,11 @@ class Daemon:
                 self._state = f"waiting for the database ({db.describe(self.dsn)})"
 
             if not await db.wait_until_reachable(
-                self.dsn, timeout=self.cfg.connect_timeout, stop=self._stopping, on_failure=waiting
+                self.dsn,
+                timeout=self.cfg.connect_timeout,
+                stop=self._stopping,
+                on_failure=waiting,
+                pooled=self.pooled,
             ):
                 task_status.started()
                 return
@@ -101,7 +118,9 @@ class Daemon:
                 if self.cfg.metrics_enabled
                 else None
             )
-            pool = db.make_pool(self.dsn, self.cfg.pool_size, self.cfg.connect_timeout)
+            pool = db.make_pool(
+                self.dsn, self.cfg.pool_size, self.cfg.connect_timeout, pooled=self.pooled
+            )
             try:
                 await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
                 await self._run(pool, channels, task_status)
@@ -137,8 +156,9 @@ class Daemon:
         materialiser = Materialiser(
             pool, sup, work_made, tick=cfg.tick, lookahead=cfg.lookahead, page_size=cfg.page_size
         )
+        listen_dsn = self.listen_dsn
         listener = Listener(
-            self.dsn,
+            listen_dsn or self.dsn,
             sup,
             materialiser.waker,
             work_made,
@@ -152,14 +172,22 @@ class Daemon:
             lease=cfg.lease,
             identity=self.identity,
             clock=self.clock,
-            listener_up=lambda: listener.up,
+            listener_up=lambda: listener.up if listen_dsn else None,
         )
+        if listen_dsn is None:
+            log.warning(
+                "no LISTEN: database.pooler = transaction and no database.listen_dsn; new work "
+                "is found by the tick (materialiser.tick = %ss) and the claim timers only",
+                cfg.tick,
+                extra={"duty": "listener"},
+            )
         async with anyio.create_task_group() as duties:
             # Every duty is started (its first connection made, its loop entered) before READY;
             # the heartbeat first, as it reads the database's clock.
             await duties.start(heartbeat.run)
             await duties.start(writer.run)
-            await duties.start(listener.run)
+            if listen_dsn is not None:
+                await duties.start(listener.run)
             await duties.start(materialiser.run)
             if cfg.metrics_enabled:
                 self._gauges = Gauges(
@@ -167,7 +195,7 @@ class Daemon:
                     sup,
                     interval=cfg.metrics_interval,
                     rows_held=lambda: deliveries.held,
-                    listener_up=lambda: listener.up,
+                    listener_up=lambda: listener.up if listen_dsn else None,
                 )
                 await duties.start(self._gauges.run)
             if cfg.retention_enabled:
@@ -177,9 +205,12 @@ class Daemon:
                     sup,
                     interval=cfg.retention_interval,
                     connect_timeout=cfg.connect_timeout,
+                    pooled=self.pooled,
                 )
                 await duties.start(retention.run)
-            duties.start_soon(sup.revival.probe, partial(db.probe, self.dsn, cfg.connect_timeout))
+            duties.start_soon(
+                sup.revival.probe, partial(db.probe, self.dsn, cfg.connect_timeout, self.pooled)
+            )
             await duties.start(deliveries.run)
 
             self._state = "running"

@@ -49,9 +49,16 @@ def describe(dsn: str) -> str:
     return f"{d.get('user') or '(default user)'}@{host}:{d.get('port') or 5432}/{d.get('dbname') or '(default db)'}"
 
 
-def session_conninfo(dsn: str, extra: dict[str, str] | None = None) -> str:
-    """``dsn`` plus pgwork's session settings, keeping any options already in it."""
+def session_conninfo(dsn: str, extra: dict[str, str] | None = None, *, pooled: bool = False) -> str:
+    """``dsn`` plus pgwork's session settings, keeping any options already in it. ``pooled``
+    (behind a transaction-pooling PgBouncer): no ``options`` startup parameter, which PgBouncer
+    refuses and could not keep per session anyway; set the timeouts on the role instead
+    (README, PgBouncer)."""
     d = conninfo_to_dict(dsn)
+    if pooled:
+        if "application_name" in d:
+            return dsn
+        return make_conninfo(dsn, application_name=SESSION_SETTINGS["application_name"])
     settings = {**SESSION_SETTINGS, **(extra or {})}
     opts = " ".join(f"-c {k}={v}" for k, v in settings.items() if k != "application_name")
     extra = {"options": f"{d.get('options', '')} {opts}".strip()}
@@ -60,21 +67,39 @@ def session_conninfo(dsn: str, extra: dict[str, str] | None = None) -> str:
     return make_conninfo(dsn, **extra)
 
 
-async def connect(dsn: str, *, timeout: float = 5.0, **kwargs: Any) -> AsyncConnection[Any]:
+def _pooled_kwargs(pooled: bool) -> dict[str, Any]:
+    # A transaction-pooling PgBouncer before 1.21 cannot keep a prepared statement: every
+    # statement goes unprepared (one round trip either way, with the extended protocol).
+    return {"prepare_threshold": None} if pooled else {}
+
+
+async def connect(
+    dsn: str, *, timeout: float = 5.0, pooled: bool = False, **kwargs: Any
+) -> AsyncConnection[Any]:
     return await AsyncConnection.connect(
-        session_conninfo(dsn), autocommit=True, connect_timeout=max(1, int(timeout)), **kwargs
+        session_conninfo(dsn, pooled=pooled),
+        autocommit=True,
+        connect_timeout=max(1, int(timeout)),
+        **_pooled_kwargs(pooled),
+        **kwargs,
     )
 
 
-def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
+def make_pool(
+    dsn: str, size: int, timeout: float, *, pooled: bool = False
+) -> AsyncConnectionPool[AsyncConnection[Any]]:
     return AsyncConnectionPool(
-        session_conninfo(dsn),
+        session_conninfo(dsn, pooled=pooled),
         # All connections stay open: a duty never waits for a new one on the hot path.
         min_size=size,
         max_size=size,
         timeout=timeout,
         open=False,
-        kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
+        kwargs={
+            "autocommit": True,
+            "connect_timeout": max(1, int(timeout)),
+            **_pooled_kwargs(pooled),
+        },
         # No check on every checkout (a round trip per pass): a broken connection fails its pass,
         # which is retried, and the pool replaces it.
         # 0 means: when replacing a lost connection fails, give up on it at once (psycopg_pool
@@ -87,14 +112,19 @@ def make_pool(dsn: str, size: int, timeout: float) -> AsyncConnectionPool[AsyncC
     )
 
 
-async def probe(dsn: str, timeout: float) -> None:
+async def probe(dsn: str, timeout: float, pooled: bool = False) -> None:
     """Connect and disconnect: :raises: whatever connecting raises."""
-    conn = await connect(dsn, timeout=timeout)
+    conn = await connect(dsn, timeout=timeout, pooled=pooled)
     await conn.close()
 
 
 async def wait_until_reachable(
-    dsn: str, *, timeout: float, stop: anyio.Event, on_failure: Callable[[], None] | None = None
+    dsn: str,
+    *,
+    timeout: float,
+    stop: anyio.Event,
+    on_failure: Callable[[], None] | None = None,
+    pooled: bool = False,
 ) -> bool:
     """Wait until the database answers (retrying with backoff, logging each failure) and check
     its schema. Returns False when ``stop`` is set first.
@@ -105,7 +135,7 @@ async def wait_until_reachable(
 
     async def attempt() -> None:
         nonlocal conn
-        conn = await connect(dsn, timeout=timeout)
+        conn = await connect(dsn, timeout=timeout, pooled=pooled)
 
     def failed(e: Exception, delay: float) -> None:
         log.error(

@@ -59,7 +59,7 @@ class Secrets:
         """The passwords of the configured DSNs (and ``dsns``) and every webhook header value
         (operators put tokens there; masking a harmless one costs nothing)."""
         s = cls()
-        for dsn in (cfg.dsn, cfg.retention_dsn, *dsns):
+        for dsn in (cfg.dsn, cfg.retention_dsn, cfg.listen_dsn, *dsns):
             s.add(dsn_password(dsn))
         for ch in cfg.channels.values():
             for secret in ch.signing_secrets:

@@ -76,14 +76,6 @@ async def time_zones_refresh(conn: Conn) -> None:
     await _exec(conn, "time_zones_refresh")
 
 
-async def session_limits(conn: Conn, *, statement_timeout: str, lock_timeout: str) -> None:
-    await _exec(
-        conn,
-        "session_limits",
-        {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout},
-    )
-
-
 @dataclass(frozen=True)
 class _Now:
     now: datetime
@@ -223,7 +215,7 @@ async def register_channels(
     rate_limit: list[float | None],
     rate_burst: list[float | None],
     breaker_after: list[int | None],
-    breaker_probe: list[timedelta],
+    breaker_probe: list[timedelta | None],
 ) -> list[str]:
     """Register the channels with their shared settings; returns those whose settings changed."""
     got = await _rows(
@@ -294,6 +286,7 @@ async def daemon_register(
     pid: int,
     version: str,
     heartbeat_every: timedelta,
+    listener_up: bool | None,
 ) -> None:
     await _exec(
         conn,
@@ -304,11 +297,12 @@ async def daemon_register(
             "pid": pid,
             "version": version,
             "heartbeat_every": heartbeat_every,
+            "listener_up": listener_up,
         },
     )
 
 
-async def daemon_heartbeat(conn: Conn, *, id: str, listener_up: bool) -> None:
+async def daemon_heartbeat(conn: Conn, *, id: str, listener_up: bool | None) -> None:
     await _exec(conn, "daemon_heartbeat", {"id": id, "listener_up": listener_up})
 
 
@@ -333,7 +327,8 @@ class DaemonRow:
     version: str
     started_at: datetime
     heartbeat_at: datetime
-    listener_up: bool
+    #: None: this daemon runs without a listener (behind a pooler, no listen_dsn).
+    listener_up: bool | None
     heartbeat_age_seconds: float
     gone: bool
 
@@ -650,19 +645,27 @@ async def retention_delete_batch(
     after_at: datetime | None,
     after_id: int,
     limit: int,
+    statement_timeout: str,
+    lock_timeout: str,
 ) -> Batch:
-    return await _one(
-        conn,
-        "retention_delete_batch",
-        Batch,
-        {
-            "done_before": done_before,
-            "dead_before": dead_before,
-            "after_at": after_at,
-            "after_id": after_id,
-            "limit": limit,
-        },
-    )
+    """One batch in its own transaction, under its own statement and lock timeouts (batch_limits,
+    sent in the same round trip)."""
+    params = {
+        "done_before": done_before,
+        "dead_before": dead_before,
+        "after_at": after_at,
+        "after_id": after_id,
+        "limit": limit,
+    }
+    limits = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(Q["batch_limits"], limits)
+        cur = conn.cursor(row_factory=class_row(Batch))
+        await cur.execute(Q["retention_delete_batch"], params)
+    got = await cur.fetchall()
+    if len(got) != 1:
+        raise RuntimeError(f"retention_delete_batch: expected one row, got {len(got)}")
+    return got[0]
 
 
 async def retention_record_pass(conn: Conn, *, deleted: int) -> None:

@@ -141,4 +141,5 @@ def clean_sink() -> Iterator[None]:
     sink.reset()
 
 
+from .pgbouncer import pgbouncer  # noqa: E402, F401  (a transaction-pooling PgBouncer)
 from .processes import procs  # noqa: E402, F401  (the daemon-process fixture)

@@ -519,7 +519,6 @@ async def test_an_expired_occurrence_stays_unsent_after_retention_and_a_move_bac
         )
         assert [r["status"] for r in closed] == ["expired"]
         r = Retention(RetentionPolicy(keep=0.0, pause=0.0))
-        await r.configure(c)
         assert (await r.run_once(c)).deleted == 1
     assert await rows(conn, "SELECT status FROM pgwork.retired") == [{"status": "expired"}]
     await conn.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '1 day'")

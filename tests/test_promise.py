@@ -68,7 +68,6 @@ async def _deliver_all(dsn: str) -> None:
 async def _retire_everything(dsn: str) -> int:
     r = Retention(RetentionPolicy(keep=0, dead_keep=0, pause=0))
     async with await db.connect(dsn) as c:
-        await r.configure(c)
         return (await r.run_once(c)).deleted
 
 

@@ -47,7 +47,6 @@ async def seed(
 async def clean(dsn: str, **policy: Any) -> RetentionResult:
     r = Retention(RetentionPolicy(**{"pause": 0.0, **policy}))
     async with await db.connect(dsn) as c:
-        await r.configure(c)
         return await r.run_once(c)
 
 

@@ -542,7 +542,9 @@ class Deliveries:
                 rate_limit=[c.rate_limit for c in cs],
                 rate_burst=[c.rate_burst for c in cs],
                 breaker_after=[c.breaker_after for c in cs],
-                breaker_probe=[timedelta(seconds=c.breaker_probe) for c in cs],
+                breaker_probe=[
+                    timedelta(seconds=c.breaker_probe) if c.breaker_after else None for c in cs
+                ],
             )
         for name in changed:
             log.warning(

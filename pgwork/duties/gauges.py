@@ -67,6 +67,10 @@ def publish(m: Metrics, r: Reading) -> None:
         m.channel_claimed.labels(c.name).set(c.claimed)
 
 
+def _listener_word(up: bool | None) -> str:
+    return "off (pooler, no listen_dsn)" if up is None else "up" if up else "DOWN"
+
+
 @dataclass(eq=False)
 class Gauges:
     """The gauges duty: refreshes the database-derived gauges every ``interval`` (so a scrape
@@ -77,7 +81,7 @@ class Gauges:
     _: KW_ONLY
     interval: float
     rows_held: Callable[[], int]
-    listener_up: Callable[[], bool]
+    listener_up: Callable[[], bool | None]
     summary: str = field(default="running", init=False)
 
     async def step(self) -> Next:
@@ -87,7 +91,7 @@ class Gauges:
         self.summary = (
             f"running: {self.rows_held()} rows held, lag {reading.lag.lag_seconds:.1f}s, "
             f"{reading.dead_letters} dead letters, "
-            f"listener {'up' if self.listener_up() else 'DOWN'}"
+            f"listener {_listener_word(self.listener_up())}"
         )
         return Next(self.interval, "tick")
 

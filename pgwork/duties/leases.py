@@ -105,7 +105,8 @@ class Heartbeat:
     lease: float
     identity: tuple[str, str, int]
     clock: Clock
-    listener_up: Callable[[], bool]
+    #: Whether the LISTEN connection is up; None: no listener by configuration.
+    listener_up: Callable[[], bool | None]
 
     @property
     def daemon_id(self) -> str:
@@ -141,6 +142,7 @@ class Heartbeat:
                 pid=pid,
                 version=__version__,
                 heartbeat_every=timedelta(seconds=self.every),
+                listener_up=self.listener_up(),
             )
             await self.clock.sync(conn)
         self.clock.warn_if_skewed()

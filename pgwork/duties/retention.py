@@ -52,15 +52,6 @@ class Retention:
         self.metrics = metrics
         self.batch = policy.batch_size
 
-    async def configure(self, conn: AsyncConnection[Any]) -> None:
-        """Session limits for the retention connection: each batch is bounded in time and in how
-        long it may wait for a lock."""
-        await store.session_limits(
-            conn,
-            statement_timeout=f"{int(self.policy.statement_timeout * 1000)}ms",
-            lock_timeout=f"{int(self.policy.lock_timeout * 1000)}ms",
-        )
-
     async def run_once(
         self, conn: AsyncConnection[Any], progress: Callable[[], None] | None = None
     ) -> RetentionResult:
@@ -92,6 +83,9 @@ class Retention:
                     after_at=after_at,
                     after_id=after_id,
                     limit=limit,
+                    # Each batch is bounded in time and in how long it may wait for a lock.
+                    statement_timeout=f"{int(self.policy.statement_timeout * 1000)}ms",
+                    lock_timeout=f"{int(self.policy.lock_timeout * 1000)}ms",
                 )
             except (errors.QueryCanceled, errors.LockNotAvailable) as e:
                 timeouts += 1
@@ -168,14 +162,15 @@ class RetentionDuty:
     _: KW_ONLY
     interval: float
     connect_timeout: float
+    #: Behind a transaction-pooling PgBouncer (see db.connect).
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         self.retention = Retention(self.policy, self.sup.metrics)
 
     async def step(self) -> Next:
-        conn = await db.connect(self.dsn, timeout=self.connect_timeout)
+        conn = await db.connect(self.dsn, timeout=self.connect_timeout, pooled=self.pooled)
         try:
-            await self.retention.configure(conn)
             res = await self.retention.run_once(
                 conn, progress=lambda: self.sup.health.progress("retention")
             )

@@ -214,9 +214,10 @@ SELECT pgwork.pause_channel(%(channel)s, %(reason)s, %(actor)s) AS changed
 SELECT pgwork.resume_channel(%(channel)s, %(actor)s) AS changed
 
 -- name: daemon_register
-INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every)
-VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s)
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every
+INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every, listener_up)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s, %(listener_up)s)
+    ON CONFLICT (id) DO UPDATE
+   SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every, listener_up = excluded.listener_up
 
 -- name: daemons_forget_gone
 -- Daemons silent for ten heartbeat intervals (and at least ten minutes) are gone for good (killed,
@@ -731,6 +732,8 @@ SELECT greatest(
          (SELECT max(age(catalog_xmin)) FROM pg_replication_slots WHERE catalog_xmin IS NOT NULL),
          0)::bigint AS age_xids
 
--- name: session_limits
-SELECT set_config('statement_timeout', %(statement_timeout)s, false),
-       set_config('lock_timeout', %(lock_timeout)s, false)
+-- name: batch_limits
+-- A retention batch's own limits, local to its transaction (no session state: this works
+-- through a transaction-pooling PgBouncer too).
+SELECT set_config('statement_timeout', %(statement_timeout)s, true),
+       set_config('lock_timeout', %(lock_timeout)s, true)

@@ -72,6 +72,11 @@ CREATE INDEX work_terminal ON pgwork.renewal_work (finished_at, id)
     WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
 CREATE INDEX work_held ON pgwork.renewal_work (channel, available_at) WHERE status = 'claimed';
 
+ALTER TABLE pgwork.daemon ALTER COLUMN listener_up DROP NOT NULL;
+COMMENT ON COLUMN pgwork.daemon.listener_up IS
+    'Whether its LISTEN connection is up; NULL: it runs without one by configuration (behind a '
+    'transaction pooler with no listen_dsn: the tick alone finds new work).';
+
 ALTER TABLE pgwork.attempt ADD COLUMN retry_at timestamptz;
 COMMENT ON COLUMN pgwork.attempt.retry_at IS 'For outcome retry: when the next try is due.';
 
