@@ -611,6 +611,32 @@ COMMENT ON FUNCTION pgwork.resume_channel(text, text) IS
     'Resume a paused channel and lift any throttle. Returns false if it was neither.';
 
 -- ---------------------------------------------------------------------------------------------
+-- Many apps, one database: row-level security by source (off until an operator enables it)
+-- ---------------------------------------------------------------------------------------------
+
+CREATE TABLE pgwork.app_source (
+    role   name NOT NULL,
+    source text NOT NULL,
+    PRIMARY KEY (role, source)
+);
+COMMENT ON TABLE pgwork.app_source IS
+    'Which database role may write and read reminders of which source, once row-level security '
+    'is enabled on pgwork.reminder (ALTER TABLE pgwork.reminder ENABLE ROW LEVEL SECURITY).';
+
+CREATE FUNCTION pgwork.source_allowed(source text, who name) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgwork
+RETURN EXISTS (SELECT 1 FROM pgwork.app_source a WHERE a.role = who AND a.source = source_allowed.source)
+    OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = who AND (r.rolsuper OR r.rolbypassrls))
+    OR pg_has_role(who, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass), 'MEMBER');
+COMMENT ON FUNCTION pgwork.source_allowed(text, name) IS
+    'Whether a role may see and write reminders of a source: listed in pgwork.app_source, or the '
+    'tables'' owner (the daemon), a superuser or a BYPASSRLS role.';
+
+CREATE POLICY reminder_by_source ON pgwork.reminder
+    USING (pgwork.source_allowed(source, current_user))
+    WITH CHECK (pgwork.source_allowed(source, current_user));
+
+-- ---------------------------------------------------------------------------------------------
 -- What apps read
 -- ---------------------------------------------------------------------------------------------
 
@@ -627,7 +653,10 @@ SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before
   LEFT JOIN pgwork.renewal_work w
     ON w.reminder_id = r.id AND w.deadline = r.due_at AND w.occurrence = b.before
   LEFT JOIN pgwork.retired t
-    ON t.reminder_id = r.id AND t.deadline = r.due_at AND t.occurrence = b.before;
+    ON t.reminder_id = r.id AND t.deadline = r.due_at AND t.occurrence = b.before
+ -- The view reads as its owner: with row-level security on, it shows an app only its sources.
+ WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
+    OR pgwork.source_allowed(r.source, current_user);
 COMMENT ON VIEW pgwork.reminder_status IS
     'Each occurrence of each current reminder and where it stands: scheduled (not yet materialised), '
     'ready, claimed, delivered, dead. retired: its work row was removed by retention (status is the '

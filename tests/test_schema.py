@@ -416,3 +416,70 @@ async def test_is_terminal_agrees_with_the_table(conn: psycopg.AsyncConnection[A
             " WHERE pgwork.is_terminal(status)",
         )
     assert "work_terminal" in "\n".join(r["QUERY PLAN"] for r in plan)
+
+
+async def test_row_level_security_keeps_apps_to_their_own_sources(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Two app roles, each granted one source: with row-level security on, neither can read,
+    move or cancel the other's reminders, or write into its source; the daemon (the owner)
+    still sees all."""
+    import os
+
+    a, b = f"app_a_{os.getpid()}", f"app_b_{os.getpid()}"
+    for role, source in ((a, "leases"), (b, "billing")):
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE pgwork_app')
+        await conn.execute("INSERT INTO pgwork.app_source VALUES (%s, %s)", (role, source))
+    try:
+        await conn.execute("ALTER TABLE pgwork.reminder ENABLE ROW LEVEL SECURITY")
+        await add(conn, "theirs", source="billing", channel="log")
+        before = await rows(
+            conn, "SELECT due_at FROM pgwork.reminder WHERE business_key = 'theirs'"
+        )
+
+        async def as_role(role: str, sql: str, params: Any = None) -> list[dict[str, Any]]:
+            async with await psycopg.AsyncConnection.connect(dsn, user=role, autocommit=True) as c:
+                cur = await c.execute(sql, params)
+                return (
+                    [
+                        dict(zip([d.name for d in cur.description], r, strict=True))
+                        for r in await cur.fetchall()
+                    ]
+                    if cur.description
+                    else [{"rowcount": cur.rowcount}]
+                )
+
+        insert = (
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES (%s, %s, now() + interval '1 day', 'log', 'r') RETURNING business_key"
+        )
+        assert await as_role(a, insert, ("leases", "mine")) == [{"business_key": "mine"}]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            await as_role(a, insert, ("billing", "sneaky"))
+        assert await as_role(a, "SELECT business_key FROM pgwork.reminder") == [
+            {"business_key": "mine"}
+        ]
+        assert await as_role(a, "SELECT business_key FROM pgwork.reminder_status") == [
+            {"business_key": "mine"}
+        ]
+        moved = "UPDATE pgwork.reminder SET due_at = due_at + interval '1 day' WHERE business_key = 'theirs'"
+        assert await as_role(a, moved) == [{"rowcount": 0}]
+        cancelled = "DELETE FROM pgwork.reminder WHERE business_key = 'theirs'"
+        assert await as_role(a, cancelled) == [{"rowcount": 0}]
+        # Moving one's own reminder into another source is refused too.
+        with pytest.raises(psycopg.errors.CheckViolation):
+            await as_role(
+                a, "UPDATE pgwork.reminder SET source = 'billing' WHERE business_key = 'mine'"
+            )
+        assert await as_role(b, "SELECT business_key FROM pgwork.reminder_status") == [
+            {"business_key": "theirs"}
+        ]
+        # The owner (what the daemon connects as) sees every source.
+        got = await rows(conn, "SELECT business_key FROM pgwork.reminder_status ORDER BY 1")
+        assert [r["business_key"] for r in got] == ["mine", "theirs"]
+        after = await rows(conn, "SELECT due_at FROM pgwork.reminder WHERE business_key = 'theirs'")
+        assert after == before  # neither moved nor cancelled
+    finally:
+        for role in (a, b):
+            await conn.execute(f'DROP OWNED BY "{role}"')
+            await conn.execute(f'DROP ROLE "{role}"')

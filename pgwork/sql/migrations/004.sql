@@ -244,4 +244,48 @@ $$;
 COMMENT ON FUNCTION pgwork.resume_channel(text, text) IS
     'Resume a paused channel and lift any throttle. Returns false if it was neither.';
 
+-- ---------------------------------------------------------------------------------------------
+-- Many apps, one database: row-level security by source (off until an operator enables it)
+-- ---------------------------------------------------------------------------------------------
+
+CREATE TABLE pgwork.app_source (
+    role   name NOT NULL,
+    source text NOT NULL,
+    PRIMARY KEY (role, source)
+);
+COMMENT ON TABLE pgwork.app_source IS
+    'Which database role may write and read reminders of which source, once row-level security '
+    'is enabled on pgwork.reminder (ALTER TABLE pgwork.reminder ENABLE ROW LEVEL SECURITY).';
+
+CREATE FUNCTION pgwork.source_allowed(source text, who name) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgwork
+RETURN EXISTS (SELECT 1 FROM pgwork.app_source a WHERE a.role = who AND a.source = source_allowed.source)
+    OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = who AND (r.rolsuper OR r.rolbypassrls))
+    OR pg_has_role(who, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass), 'MEMBER');
+COMMENT ON FUNCTION pgwork.source_allowed(text, name) IS
+    'Whether a role may see and write reminders of a source: listed in pgwork.app_source, or the '
+    'tables'' owner (the daemon), a superuser or a BYPASSRLS role.';
+
+CREATE POLICY reminder_by_source ON pgwork.reminder
+    USING (pgwork.source_allowed(source, current_user))
+    WITH CHECK (pgwork.source_allowed(source, current_user));
+
+CREATE OR REPLACE VIEW pgwork.reminder_status AS
+SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before,
+       pgwork.fire_at(r.due_at, r.due_local, r.due_tz, b.before) AS send_at,
+       coalesce(w.status, t.status, 'scheduled') AS status,
+       coalesce(w.attempts, 0) AS attempts,
+       coalesce(w.finished_at, t.finished_at) AS finished_at,
+       coalesce(w.operation_id, t.operation_id) AS operation_id,
+       (w.id IS NULL AND t.reminder_id IS NOT NULL) AS retired
+  FROM pgwork.reminder r
+ CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
+  LEFT JOIN pgwork.renewal_work w
+    ON w.reminder_id = r.id AND w.deadline = r.due_at AND w.occurrence = b.before
+  LEFT JOIN pgwork.retired t
+    ON t.reminder_id = r.id AND t.deadline = r.due_at AND t.occurrence = b.before
+ -- The view reads as its owner: with row-level security on, it shows an app only its sources.
+ WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
+    OR pgwork.source_allowed(r.source, current_user);
+
 UPDATE pgwork.schema_version SET version = 4, applied_at = now();
