@@ -352,10 +352,11 @@ SELECT (SELECT extract(epoch FROM min(available_at) - now())::float8
              - least(c.rate_burst, coalesce(c.tokens, c.rate_burst)
                      + c.rate_limit * greatest(extract(epoch FROM now() - c.tokens_at), 0)))
             / c.rate_limit)::float8 END AS tokens_s,
-       coalesce(least(c.global_concurrency, c.throttle_limit)
-                <= (SELECT count(*) FROM pgwork.renewal_work h
-                     WHERE h.channel = %(channel)s AND h.status = 'claimed' AND h.available_at > now()),
-                false) AS full
+       CASE WHEN least(c.global_concurrency, c.throttle_limit) IS NULL THEN false  -- no count
+            ELSE least(c.global_concurrency, c.throttle_limit)
+                 <= (SELECT count(*) FROM pgwork.renewal_work h
+                      WHERE h.channel = %(channel)s AND h.status = 'claimed' AND h.available_at > now())
+       END AS full
   FROM (SELECT 1) AS one
   LEFT JOIN pgwork.channel c ON c.name = %(channel)s
 
