@@ -1,4 +1,5 @@
-"""The shipped systemd units and Prometheus rules are valid (checked with the real tools)."""
+"""The shipped systemd units, Prometheus rules and Grafana dashboard are valid (checked with the
+real tools)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +96,75 @@ def test_every_metric_in_the_rules_exists() -> None:
     families = {fam.name for fam in Metrics().registry.collect()}
     missing = {u for u in used if u not in names and u.removesuffix("_total") not in families}
     assert missing == set()
+
+
+# -- the Grafana dashboard ---------------------------------------------------------------------
+
+
+def _dashboard() -> dict[str, Any]:
+    import json
+
+    doc: dict[str, Any] = json.loads((ROOT / "grafana" / "pgwork.json").read_text())
+    return doc
+
+
+def _expressions() -> list[str]:
+    return [t["expr"] for p in _dashboard()["panels"] for t in p["targets"]]
+
+
+def test_dashboard_is_current_and_well_formed() -> None:
+    """The JSON is what grafana/build.py writes, with the datasource, instance and channel
+    variables, unique panel ids, and every panel and query on the chosen datasource."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("build", ROOT / "grafana" / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    doc = _dashboard()
+    assert doc == json.loads(json.dumps(build.dashboard())), "run python grafana/build.py"
+    variables = {v["name"]: v["type"] for v in doc["templating"]["list"]}
+    assert variables == {"datasource": "datasource", "instance": "query", "channel": "query"}
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in doc["panels"]:
+        assert p["datasource"]["uid"] == "${datasource}" and p["description"], p["title"]
+        assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    """Every panel's expression, with Grafana's variables filled in, passes promtool as a
+    recording rule."""
+    promtool = _tool("promtool")
+    rules = ["groups:", "  - name: dashboard", "    rules:"]
+    for i, expr in enumerate(_expressions()):
+        concrete = (
+            expr.replace("$__rate_interval", "5m")
+            .replace("$instance", ".*")
+            .replace("$channel", ".*")
+        )
+        assert "$" not in concrete, concrete
+        rules += [f"      - record: pgwork:dashboard_{i}", f"        expr: '{concrete}'"]
+    path = tmp_path / "dashboard.rules.yml"
+    path.write_text("\n".join(rules) + "\n")
+    r = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(_expressions())} rules found" in r.stdout
+
+
+def test_every_metric_on_the_dashboard_exists() -> None:
+    from pgwork.metrics import Metrics
+
+    families = {fam.name for fam in Metrics().registry.collect()}
+    used = set(re.findall(r"pgwork_[a-z_]+", " ".join(_expressions())))
+    suffixes = ("_total", "_bucket", "_sum", "_count")
+    missing = {
+        u
+        for u in used
+        if u not in families
+        and not any(u.endswith(s) and u[: -len(s)] in families for s in suffixes)
+    }
+    assert used and missing == set()
