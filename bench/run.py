@@ -43,6 +43,7 @@ ORDER = [
     "app_insert",
     "scale",
     "gauges",
+    "daemons",
     "memory",
 ]
 

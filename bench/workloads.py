@@ -844,6 +844,76 @@ async def w_memory(ctx: Ctx, rate: float) -> dict[str, float]:
         ctx.drop(name)
 
 
+# -- 10. several daemons ---------------------------------------------------------------------
+
+#: Daemon process counts the `daemons` workload compares.
+DAEMON_COUNTS = (1, 2, 4)
+
+
+async def w_daemons(ctx: Ctx) -> dict[str, float]:
+    """Burn-down by 1, 2 and 4 daemon processes sharing one database (the memory workload's
+    config: no-op channel, concurrency 16, claim batch 100): ``burndown`` reminders due now are
+    inserted once every daemon has registered; rows/s from the insert until all are delivered,
+    and how the deliveries split between the daemons (the largest and smallest share)."""
+    out: dict[str, float] = {}
+    cfg = Path(f"/tmp/pgwork-bench-daemons-{os.getpid()}.toml")
+    cfg.write_text(MEMORY_CONFIG)
+    try:
+        for k in DAEMON_COUNTS:
+            name, dsn = ctx.fresh()
+            procs: list[subprocess.Popen[bytes]] = []
+            try:
+                env = {**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT)}
+                for _ in range(k):
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
+                            cwd=ROOT,
+                            env=env,
+                        )
+                    )
+                n = ctx.sizes.burndown
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+
+                    async def one(sql: str) -> int:
+                        cur = await app.execute(sql)
+                        row = await cur.fetchone()
+                        return int(row[0]) if row else 0
+
+                    with anyio.fail_after(60):
+                        while await one("SELECT count(*) FROM pgwork.daemon") < k:
+                            await anyio.sleep(0.1)
+                    await anyio.sleep(1.0)  # every daemon past its first passes
+                    t0 = time.perf_counter()
+                    await insert_due(app, n, due="now()")
+                    with anyio.fail_after(600):
+                        while (
+                            await one(
+                                "SELECT count(*) FROM pgwork.renewal_work WHERE status = 'delivered'"
+                            )
+                            < n
+                        ):
+                            await anyio.sleep(0.02)
+                    took = time.perf_counter() - t0
+                    cur = await app.execute(
+                        "SELECT count(*) FROM pgwork.attempt WHERE outcome = 'delivered' "
+                        "GROUP BY daemon_id"
+                    )
+                    shares = [int(r[0]) / n for r in await cur.fetchall()]
+                out[f"jobs_per_s_{k}"] = n / took
+                out[f"share_max_{k}"] = max(shares)
+                out[f"share_min_{k}"] = min(shares) if len(shares) == k else 0.0
+            finally:
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.wait(30)
+                ctx.drop(name)
+    finally:
+        cfg.unlink(missing_ok=True)
+    return out
+
+
 def shrink(s: Sizes, factor: float) -> Sizes:
     return replace(
         s,
