@@ -339,7 +339,7 @@ async def _paused(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 async def _metric(d: Any, name: str, labels: dict[str, str], want: float) -> bool:
-    return d.metrics.registry.get_sample_value(name, labels) == want
+    return bool(d.metrics.registry.get_sample_value(name, labels) == want)
 
 
 # -- expiry, catch-up, the retry window --------------------------------------------------------

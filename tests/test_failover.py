@@ -106,8 +106,8 @@ async def test_failover_loses_no_acknowledged_reminder(
     try:
         pair.start()
         admin = pair.primary.dsn()
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute("CREATE DATABASE app")
+        with psycopg.connect(admin, autocommit=True) as setup:
+            setup.execute("CREATE DATABASE app")
         dsn = pair.dsn("app")
         async with await db.connect(dsn) as c:
             await db.migrate(c)

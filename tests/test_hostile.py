@@ -19,8 +19,8 @@ from pgwork.channels import parse_retry_after
 
 from . import sink
 from .helpers import add, config, materialise, rows, running, settled, until, webhook_channel, work
+from .processes import DaemonProcess, hook, toml
 from .receiver import Answer, Receiver, Request
-from .test_process import DaemonProcess, hook, toml
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .helpers import rows
-from .test_process import DaemonProcess, toml
+from .processes import DaemonProcess, toml
 
 _n = itertools.count()
 

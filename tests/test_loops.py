@@ -34,11 +34,11 @@ from .helpers import (
     webhook_channel,
     work,
 )
+from .processes import DaemonProcess, toml
 from .proxy import Proxy
 from .receiver import Answer, Receiver
 from .test_cli import pgwork
 from .test_operations import NotifySocket
-from .test_process import DaemonProcess, toml
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 

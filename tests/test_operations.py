@@ -23,7 +23,7 @@ from pgwork.daemon import Daemon
 
 from . import sink
 from .helpers import add, config, count, rows, running, until
-from .test_process import DaemonProcess, toml
+from .processes import DaemonProcess, toml
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 

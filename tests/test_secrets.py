@@ -20,9 +20,9 @@ from psycopg.conninfo import conninfo_to_dict
 from pgwork.config import ConfigError, load
 
 from .helpers import add, rows, settled, until
+from .processes import DaemonProcess, hook, toml
 from .receiver import Answer, Receiver, Request
 from .test_cli import ROOT, pgwork
-from .test_process import DaemonProcess, hook, toml
 
 pytestmark = pytest.mark.anyio
 
