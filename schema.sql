@@ -366,6 +366,22 @@ RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
 COMMENT ON FUNCTION pgwork.unwanted(bigint, timestamptz, interval[], timestamptz, interval) IS
     'Why an occurrence is no longer wanted by its reminder (a missing reminder: cancelled; a moved deadline or a dropped remind_before entry: superseded), or NULL while it is.';
 
+CREATE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT count(*) FROM pgwork.renewal_work h
+         WHERE h.channel = claimed_now.channel AND h.status = 'claimed' AND h.available_at > now());
+COMMENT ON FUNCTION pgwork.claimed_now(text) IS
+    'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
+    'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
+
+CREATE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
+                                  tokens double precision, tokens_at timestamptz)
+RETURNS double precision LANGUAGE sql STABLE PARALLEL SAFE
+RETURN least(rate_burst, coalesce(tokens, rate_burst) + rate_limit * greatest(extract(epoch FROM now() - tokens_at), 0));
+COMMENT ON FUNCTION pgwork.tokens_now(double precision, double precision, double precision, timestamptz) IS
+    'A rate-limited channel''s tokens now: what its row held at tokens_at, refilled at rate_limit per '
+    'second, at most rate_burst (a full bucket before the first claim).';
+
 CREATE FUNCTION pgwork.jsonb_nesting_within(doc jsonb, max_depth integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     -- Walks containers only, and no deeper than max_depth + 1: cheap for any document.

@@ -16,15 +16,9 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgwork.embedded import SERVER_USER, _ensure_user
+from pgwork.embedded import SERVER_USER, _ensure_user, _free_port
 
 BINARY = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgBouncer:

@@ -200,8 +200,7 @@ SELECT c.name, c.kind, c.paused, c.paused_at, c.paused_by, c.paused_reason,
        (c.not_before > now() OR c.throttle_limit IS NOT NULL) AS throttled,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS throttled_for_seconds,
        c.throttle_limit, c.throttle_reason, c.global_concurrency, c.rate_limit, c.rate_burst, c.catch_up,
-       (SELECT count(*) FROM pgwork.renewal_work h
-         WHERE h.channel = c.name AND h.status = 'claimed' AND h.available_at > now()) AS claimed,
+       pgwork.claimed_now(c.name) AS claimed,
        (SELECT min(w.available_at) FROM pgwork.renewal_work w
          WHERE w.channel = c.name AND w.status = 'ready' AND w.attempts > w.attempts_base) AS next_retry_at
   FROM pgwork.channel c
@@ -255,16 +254,13 @@ WITH gate AS MATERIALIZED (
                     -- least() skips NULLs: no cap, no limit from it.
                     least(c.global_concurrency, c.throttle_limit)
                         - CASE WHEN c.global_concurrency IS NULL AND c.throttle_limit IS NULL THEN 0
-                               ELSE (SELECT count(*) FROM pgwork.renewal_work h
-                                      WHERE h.channel = c.name AND h.status = 'claimed'
-                                        AND h.available_at > now()) END,
+                               ELSE pgwork.claimed_now(c.name) END,
                     floor(t.tokens)))::int
            END AS budget,
            t.tokens
       FROM pgwork.channel c
      CROSS JOIN LATERAL (
-           SELECT least(c.rate_burst, coalesce(c.tokens, c.rate_burst)
-                        + c.rate_limit * greatest(extract(epoch FROM now() - c.tokens_at), 0)) AS tokens
+           SELECT pgwork.tokens_now(c.rate_limit, c.rate_burst, c.tokens, c.tokens_at) AS tokens
            ) AS t
      WHERE c.name = %(channel)s
 ), candidate AS MATERIALIZED (
@@ -349,13 +345,10 @@ SELECT (SELECT extract(epoch FROM min(available_at) - now())::float8
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS hold_s,
        CASE WHEN c.rate_limit IS NOT NULL THEN greatest(0,
             (least(c.rate_burst, greatest(1, c.rate_limit * 0.05))
-             - least(c.rate_burst, coalesce(c.tokens, c.rate_burst)
-                     + c.rate_limit * greatest(extract(epoch FROM now() - c.tokens_at), 0)))
+             - pgwork.tokens_now(c.rate_limit, c.rate_burst, c.tokens, c.tokens_at))
             / c.rate_limit)::float8 END AS tokens_s,
        CASE WHEN least(c.global_concurrency, c.throttle_limit) IS NULL THEN false  -- no count
-            ELSE least(c.global_concurrency, c.throttle_limit)
-                 <= (SELECT count(*) FROM pgwork.renewal_work h
-                      WHERE h.channel = %(channel)s AND h.status = 'claimed' AND h.available_at > now())
+            ELSE least(c.global_concurrency, c.throttle_limit) <= pgwork.claimed_now(c.name)
        END AS full
   FROM (SELECT 1) AS one
   LEFT JOIN pgwork.channel c ON c.name = %(channel)s
@@ -425,18 +418,13 @@ WITH o AS (
            throttle_limit = CASE
                WHEN n.trips THEN 1
                WHEN n.throttle IS NOT NULL AND (c.throttled_at IS NULL OR c.throttled_at < now() - interval '1 second')
-                   THEN greatest(1, coalesce(c.throttle_limit,
-                                             (SELECT count(*) FROM pgwork.renewal_work h
-                                               WHERE h.channel = c.name AND h.status = 'claimed'
-                                                 AND h.available_at > now())::int) / 2)
+                   THEN greatest(1, coalesce(c.throttle_limit, pgwork.claimed_now(c.name)::int) / 2)
                WHEN n.throttle IS NOT NULL OR c.throttle_limit IS NULL THEN c.throttle_limit
                WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                ELSE c.throttle_limit + n.ok::int END,
            throttle_from = CASE
                WHEN (n.throttle IS NOT NULL OR n.trips) AND c.throttle_limit IS NULL
-                   THEN greatest(2, (SELECT count(*) FROM pgwork.renewal_work h
-                                      WHERE h.channel = c.name AND h.status = 'claimed'
-                                        AND h.available_at > now())::int)
+                   THEN greatest(2, pgwork.claimed_now(c.name)::int)
                WHEN n.throttle IS NULL AND c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                ELSE c.throttle_from END,
            throttled_at = CASE WHEN n.throttle IS NOT NULL OR n.trips THEN now() ELSE c.throttled_at END,

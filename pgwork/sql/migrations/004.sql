@@ -288,4 +288,20 @@ SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before
  WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
     OR pgwork.source_allowed(r.source, current_user);
 
+CREATE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT count(*) FROM pgwork.renewal_work h
+         WHERE h.channel = claimed_now.channel AND h.status = 'claimed' AND h.available_at > now());
+COMMENT ON FUNCTION pgwork.claimed_now(text) IS
+    'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
+    'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
+
+CREATE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
+                                  tokens double precision, tokens_at timestamptz)
+RETURNS double precision LANGUAGE sql STABLE PARALLEL SAFE
+RETURN least(rate_burst, coalesce(tokens, rate_burst) + rate_limit * greatest(extract(epoch FROM now() - tokens_at), 0));
+COMMENT ON FUNCTION pgwork.tokens_now(double precision, double precision, double precision, timestamptz) IS
+    'A rate-limited channel''s tokens now: what its row held at tokens_at, refilled at rate_limit per '
+    'second, at most rate_burst (a full bucket before the first claim).';
+
 UPDATE pgwork.schema_version SET version = 4, applied_at = now();
