@@ -1,4 +1,4 @@
--- pgwork schema, version 4. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 5. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (4);
+INSERT INTO pgwork.schema_version (version) VALUES (5);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -201,8 +201,9 @@ COMMENT ON COLUMN pgwork.renewal_work.lease IS
     'Fencing token: incremented by every claim. Every later change of a claimed row must name the '
     'lease it claimed, so a worker whose lease expired cannot overwrite its successor''s outcome.';
 
--- The claim's index: small (only live rows), ordered like the claim.
-CREATE INDEX work_claimable ON pgwork.renewal_work (channel, available_at, id)
+-- The claim's index: small (only live rows), ordered like the claim within each source (the
+-- claim takes every due source's oldest rows in turn, see pgwork.live_sources).
+CREATE INDEX work_claimable ON pgwork.renewal_work (channel, source, available_at, id)
     WHERE status IN ('ready', 'claimed');
 -- Retention and DLQ listings.
 CREATE INDEX work_terminal ON pgwork.renewal_work (finished_at, id)
@@ -373,6 +374,26 @@ RETURN (SELECT count(*) FROM pgwork.renewal_work h
 COMMENT ON FUNCTION pgwork.claimed_now(text) IS
     'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
     'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
+
+CREATE FUNCTION pgwork.live_sources(channel text) RETURNS SETOF text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    -- A loose scan of work_claimable: one index probe per source, however many rows each has.
+    WITH RECURSIVE walk(source) AS (
+        (SELECT w.source FROM pgwork.renewal_work w
+          WHERE w.channel = live_sources.channel AND w.status IN ('ready', 'claimed')
+          ORDER BY w.source LIMIT 1)
+        UNION ALL
+        SELECT (SELECT w.source FROM pgwork.renewal_work w
+                 WHERE w.channel = live_sources.channel AND w.status IN ('ready', 'claimed')
+                   AND w.source > walk.source
+                 ORDER BY w.source LIMIT 1)
+          FROM walk
+         WHERE walk.source IS NOT NULL)
+    SELECT source FROM walk WHERE source IS NOT NULL
+$$;
+COMMENT ON FUNCTION pgwork.live_sources(text) IS
+    'The sources with live (ready or claimed) work in a channel: what the claim shares each batch '
+    'between, so that one source''s flood cannot hold back another source''s due work.';
 
 CREATE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
                                   tokens double precision, tokens_at timestamptz)
@@ -643,10 +664,12 @@ CREATE FUNCTION pgwork.source_allowed(source text, who name) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgwork
 RETURN EXISTS (SELECT 1 FROM pgwork.app_source a WHERE a.role = who AND a.source = source_allowed.source)
     OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = who AND (r.rolsuper OR r.rolbypassrls))
-    OR pg_has_role(who, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass), 'MEMBER');
+    OR pg_has_role(who, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass), 'MEMBER')
+    OR EXISTS (SELECT 1 FROM pg_roles r
+                WHERE r.rolname IN ('pgwork_daemon', 'pgwork_cleanup') AND pg_has_role(who, r.oid, 'MEMBER'));
 COMMENT ON FUNCTION pgwork.source_allowed(text, name) IS
     'Whether a role may see and write reminders of a source: listed in pgwork.app_source, or the '
-    'tables'' owner (the daemon), a superuser or a BYPASSRLS role.';
+    'tables'' owner, a member of pgwork_daemon or pgwork_cleanup, a superuser or a BYPASSRLS role.';
 
 CREATE POLICY reminder_by_source ON pgwork.reminder
     USING (pgwork.source_allowed(source, current_user))
@@ -704,6 +727,56 @@ BEGIN
               ON pgwork.reminder TO pgwork_app;
         GRANT SELECT ON pgwork.reminder_status, pgwork.channel, pgwork.time_zone TO pgwork_app;
         GRANT EXECUTE ON FUNCTION pgwork.reminder_notify() TO pgwork_app;
+    END IF;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Roles: pgwork_daemon runs the daemon and the operator commands (status, dlq, channel);
+-- pgwork_cleanup runs `pgwork cleanup` (the retention timer). Group roles: GRANT one to the
+-- login role that connects. Neither can change the schema or delete a reminder; only the
+-- schema's owner runs `pgwork migrate`.
+-- ---------------------------------------------------------------------------------------------
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_daemon') THEN
+        CREATE ROLE pgwork_daemon NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
+        CREATE ROLE pgwork_cleanup NOLOGIN;
+    END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'pgwork: could not create roles pgwork_daemon, pgwork_cleanup (no CREATEROLE); grants to them are skipped';
+END
+$$;
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_daemon') THEN
+        GRANT USAGE ON SCHEMA pgwork TO pgwork_daemon;
+        GRANT SELECT ON pgwork.schema_version, pgwork.time_zone, pgwork.app_source, pgwork.reminder_status
+           TO pgwork_daemon;
+        -- reminder: the materialiser's progress (next_fire_at); never INSERT or DELETE.
+        GRANT SELECT, UPDATE ON pgwork.config, pgwork.reminder, pgwork.materialiser_state,
+              pgwork.retention_state TO pgwork_daemon;
+        GRANT SELECT, INSERT, UPDATE ON pgwork.channel TO pgwork_daemon;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.attempt, pgwork.retired,
+              pgwork.daemon TO pgwork_daemon;
+        GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
+        BEGIN
+            -- The xmin-horizon gauge reads other sessions' backend_xmin.
+            GRANT pg_read_all_stats TO pgwork_daemon;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE NOTICE 'pgwork: could not grant pg_read_all_stats to pgwork_daemon; pgwork_xmin_horizon_age sees only its own sessions';
+        END;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
+        GRANT USAGE ON SCHEMA pgwork TO pgwork_cleanup;
+        GRANT SELECT ON pgwork.schema_version, pgwork.reminder, pgwork.channel, pgwork.daemon TO pgwork_cleanup;
+        GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state TO pgwork_cleanup;
+        GRANT SELECT, DELETE ON pgwork.renewal_work, pgwork.attempt TO pgwork_cleanup;
+        GRANT SELECT, INSERT ON pgwork.retired TO pgwork_cleanup;
     END IF;
 END
 $$;

@@ -70,8 +70,10 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
         "comments": "SELECT c.relname, d.objsubid, d.description FROM pg_description d "
         "JOIN pg_class c ON c.oid = d.objoid WHERE c.relnamespace = 'pgwork'::regnamespace "
         "ORDER BY 1, 2",
-        "grants": "SELECT table_name, privilege_type FROM information_schema.role_table_grants "
-        "WHERE table_schema = 'pgwork' AND grantee = 'pgwork_app' ORDER BY 1, 2",
+        "grants": "SELECT grantee, table_name, privilege_type FROM information_schema.role_table_grants "
+        "WHERE table_schema = 'pgwork' AND grantee LIKE 'pgwork\\_%' ORDER BY 1, 2, 3",
+        "usage": "SELECT grantee, object_name, object_type FROM information_schema.role_usage_grants "
+        "WHERE object_schema = 'pgwork' AND grantee LIKE 'pgwork\\_%' ORDER BY 1, 2, 3",
         "version": "SELECT version FROM pgwork.schema_version",
     }
     out: dict[str, list[Any]] = {}
@@ -81,7 +83,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     return out
 
 
-@pytest.mark.parametrize("old", [1, 2, 3])
+@pytest.mark.parametrize("old", [1, 2, 3, 4])
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -263,15 +263,57 @@ WITH gate AS MATERIALIZED (
            SELECT pgwork.tokens_now(c.rate_limit, c.rate_burst, c.tokens, c.tokens_at) AS tokens
            ) AS t
      WHERE c.name = %(channel)s
+), due_source AS MATERIALIZED (
+    -- The sources with a row claimable now (a probe of work_claimable per live source).
+    SELECT l.source
+      FROM pgwork.live_sources(%(channel)s) AS l(source)
+     WHERE EXISTS (SELECT FROM pgwork.renewal_work w
+                    WHERE w.channel = %(channel)s AND w.source = l.source
+                      AND w.status IN ('ready', 'claimed') AND w.available_at <= now())
+), share AS MATERIALIZED (
+    -- Each due source's share of the batch: a flood from one source cannot hold back another's.
+    SELECT b.budget, ceil(b.budget::numeric / greatest(1, (SELECT count(*) FROM due_source)))::int AS each
+      FROM (SELECT coalesce((SELECT budget FROM gate), %(limit)s) AS budget) AS b
+), head AS MATERIALIZED (
+    SELECT h.id, h.source, h.available_at
+      FROM due_source s
+     CROSS JOIN LATERAL (
+           SELECT w.id, w.source, w.available_at
+             FROM pgwork.renewal_work w
+            WHERE w.channel = %(channel)s AND w.source = s.source
+              AND w.status IN ('ready', 'claimed') AND w.available_at <= now()
+            ORDER BY w.available_at, w.id
+            LIMIT (SELECT each FROM share)
+              FOR UPDATE SKIP LOCKED) AS h
+), head_end AS (
+    -- Where each source's head ended, and whether it filled its share.
+    SELECT DISTINCT ON (source) source, available_at, id,
+           count(*) OVER (PARTITION BY source) = (SELECT each FROM share) AS filled
+      FROM head
+     ORDER BY source, available_at DESC, id DESC
+), tail AS MATERIALIZED (
+    -- What the sources with fewer due rows than their share left over goes to the others, oldest
+    -- first, past their heads.
+    SELECT t.id, t.source, t.available_at
+      FROM head_end e
+     CROSS JOIN LATERAL (
+           SELECT w.id, w.source, w.available_at
+             FROM pgwork.renewal_work w
+            WHERE w.channel = %(channel)s AND w.source = e.source
+              AND w.status IN ('ready', 'claimed') AND w.available_at <= now()
+              AND (w.available_at, w.id) > (e.available_at, e.id)
+            ORDER BY w.available_at, w.id
+            LIMIT (SELECT budget FROM share) - (SELECT count(*) FROM head)
+              FOR UPDATE SKIP LOCKED) AS t
+     WHERE e.filled AND (SELECT budget FROM share) > (SELECT count(*) FROM head)
 ), candidate AS MATERIALIZED (
-    SELECT w.id
-      FROM pgwork.renewal_work w
-     WHERE w.channel = %(channel)s
-       AND w.status IN ('ready', 'claimed')
-       AND w.available_at <= now()
-     ORDER BY w.available_at, w.id
-     LIMIT coalesce((SELECT budget FROM gate), %(limit)s)
-       FOR UPDATE SKIP LOCKED
+    -- Round robin: every source's first row, then every source's second, ...
+    SELECT x.id
+      FROM (SELECT id, source, available_at FROM head
+            UNION ALL
+            SELECT id, source, available_at FROM tail) AS x
+     ORDER BY row_number() OVER (PARTITION BY x.source ORDER BY x.available_at, x.id), x.available_at, x.id
+     LIMIT (SELECT budget FROM share)
 ), judged AS (
     SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
            w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
@@ -338,9 +380,12 @@ SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, 
 -- the channel's gate: paused; seconds until a throttle's not_before passes (hold_s); seconds
 -- until the rate limit has tokens for a small batch (tokens_s); whether a global concurrency or
 -- throttle limit is reached (full).
-SELECT (SELECT extract(epoch FROM min(available_at) - now())::float8
-          FROM pgwork.renewal_work
-         WHERE channel = %(channel)s AND status IN ('ready', 'claimed')) AS wait_s,
+SELECT (SELECT extract(epoch FROM min(n.available_at) - now())::float8
+          FROM pgwork.live_sources(%(channel)s) AS l(source)
+         CROSS JOIN LATERAL (
+               SELECT w.available_at FROM pgwork.renewal_work w
+                WHERE w.channel = %(channel)s AND w.source = l.source AND w.status IN ('ready', 'claimed')
+                ORDER BY w.available_at LIMIT 1) AS n) AS wait_s,
        coalesce(c.paused, false) AS paused,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS hold_s,
        CASE WHEN c.rate_limit IS NOT NULL THEN greatest(0,

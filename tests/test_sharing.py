@@ -1,0 +1,114 @@
+"""Many apps and daemons on one database: the claim shares each batch between the sources with
+due work, so one app's flood cannot hold back another app's reminder. Real Postgres, real
+daemon code."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+
+from . import sink
+from .helpers import (
+    claim,
+    config,
+    count,
+    materialise,
+    python_channel,
+    rows,
+    running,
+    until,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
+
+
+async def _flood(conn: psycopg.AsyncConnection[Any], source: str, n: int, due: str) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        f"SELECT %s, %s || g, {due} + g * interval '1 ms', 'test', 'r' FROM generate_series(1, %s) g",
+        (source, source + ":", n),
+    )
+
+
+async def test_a_claim_takes_every_due_source_in_turn(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    # Source a's 300 rows are all older than b's and c's: in due order alone, a claim of 100
+    # would take a's only.
+    await _flood(conn, "a", 300, "now() - interval '1 hour'")
+    await _flood(conn, "b", 300, "now() - interval '30 minutes'")
+    await _flood(conn, "c", 1, "now() - interval '1 minute'")
+    await _flood(conn, "later", 5, "now() + interval '1 hour'")  # not due: takes no share
+    await materialise(dsn, lookahead=7200)
+
+    first = Counter(r["source"] for r in await claim(dsn, limit=100))
+    assert first["c"] == 1  # the single reminder is in the first batch
+    assert first["a"] + first["b"] == 99  # what c left is shared: the batch is full
+    assert abs(first["a"] - first["b"]) <= 1, first
+    assert first["later"] == 0
+
+    # With c done, a and b share: still even, still full.
+    second = Counter(r["source"] for r in await claim(dsn, limit=100))
+    assert (second["a"], second["b"], second["c"]) == (50, 50, 0), second
+
+    # One source left with due rows: it gets whole batches, oldest first.
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'cancelled', finished_at = now() "
+        "WHERE source = 'b' AND status = 'ready'"
+    )
+    third = await claim(dsn, limit=100)
+    assert Counter(r["source"] for r in third) == {"a": 100}
+    due = [r["due_at"] for r in third]
+    assert due == sorted(due)
+    left = await rows(
+        conn,
+        "SELECT min(due_at) AS m FROM pgwork.renewal_work WHERE source = 'a' AND status = 'ready'",
+    )
+    assert left[0]["m"] > due[-1]  # nothing older was skipped
+
+
+async def test_a_flood_from_one_source_does_not_hold_back_another(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """100 batches of one app's reminders are due; another app's one reminder, written while
+    the daemon works through them, is claimed within a batch or two, not after the flood."""
+    await _flood(conn, "flood", 10_000, "now() - interval '1 hour'")
+    await materialise(dsn)
+    cfg = config(python_channel(concurrency=16), claim_batch=100)
+    async with running(cfg, dsn):
+        await until(lambda: _delivered_at_least(conn, 300), timeout=30, what="the flood to start")
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES ('other', 'the-one', now(), 'test', 'r')"
+        )
+        await until(
+            lambda: _delivered_key(conn, "the-one"), timeout=30, what="the other app's reminder"
+        )
+        still_ready = await count(conn, "source = 'flood' AND status = 'ready'")
+    one = (
+        await rows(
+            conn,
+            "SELECT created_at, claimed_at FROM pgwork.renewal_work WHERE business_key = 'the-one'",
+        )
+    )[0]
+    # Flood rows claimed after the other app's work row was written, before it was claimed: a
+    # claim that began before that row was committed cannot see it, so one batch may race it.
+    overtook = await count(
+        conn,
+        f"source = 'flood' AND claimed_at > '{one['created_at'].isoformat()}' "
+        f"AND claimed_at < '{one['claimed_at'].isoformat()}'",
+    )
+    assert overtook <= 100, overtook
+    assert still_ready > 5_000  # it did not wait for the flood
+    assert [d.business_key for d in sink.DELIVERED].count("the-one") == 1
+
+
+async def _delivered_at_least(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status = 'delivered'") >= n
+
+
+async def _delivered_key(conn: psycopg.AsyncConnection[Any], key: str) -> bool:
+    return await count(conn, f"business_key = '{key}' AND status = 'delivered'") == 1
