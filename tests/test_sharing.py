@@ -21,6 +21,8 @@ from .helpers import (
     running,
     until,
 )
+from .processes import hook, toml
+from .receiver import Answer, Receiver
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
@@ -112,3 +114,32 @@ async def _delivered_at_least(conn: psycopg.AsyncConnection[Any], n: int) -> boo
 
 async def _delivered_key(conn: psycopg.AsyncConnection[Any], key: str) -> bool:
     return await count(conn, f"business_key = '{key}' AND status = 'delivered'") == 1
+
+
+@pytest.mark.slow
+async def test_a_burst_is_shared_by_idle_daemons(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    """Three idle daemons, a burst smaller than one claim batch for a slow receiver: no daemon
+    takes the lion's share (a daemon holds what its workers start within PREFETCH_S, not a
+    whole batch that its four workers need seconds to send)."""
+    with Receiver(lambda r: Answer(delay=0.2)) as receiver:
+        cfg = toml(channel=hook(receiver.url, concurrency=4)).replace(
+            "claim_batch = 20", "claim_batch = 100"
+        )
+        for _ in range(3):
+            procs(dsn, cfg)
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 's', 'k' || g, now(), 'hook', 'r' FROM generate_series(1, 90) g"
+        )
+        await until(lambda: _delivered_at_least(conn, 90), timeout=60, what="90 delivered")
+        keys = receiver.keys()
+    assert len(keys) == 90 and set(keys.values()) == {1}
+    split = await rows(
+        conn,
+        "SELECT daemon_id, count(*) AS n FROM pgwork.attempt WHERE outcome = 'delivered' "
+        "GROUP BY daemon_id ORDER BY n DESC",
+    )
+    shares = [r["n"] / 90 for r in split]
+    assert len(shares) == 3 and shares[0] <= 0.5 and shares[-1] >= 0.15, shares

@@ -53,6 +53,10 @@ class ChannelWorker:
     MAX_THROTTLE_HOLD = 3600.0
     #: A held worker looks again this often, seconds.
     HOLD_SLICE = 0.5
+    #: Beyond one row per worker, a channel holds only the rows its workers start within this
+    #: long at their measured pace: a burst is not taken by the first daemon to wake while
+    #: others sit idle (a fast channel still holds two whole batches), seconds.
+    PREFETCH_S = 0.25
 
     def __init__(
         self,
@@ -86,15 +90,18 @@ class ChannelWorker:
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
         #: Claims count each other's rows only under the channel's lock (see store.claim_work).
         self.lock_channel = c.rate_limit is not None or c.global_concurrency is not None
-        self.claim_batch = claim_batch = cfg.claim_batch
+        self.claim_batch = cfg.claim_batch
         self.tick = cfg.tick
         self.waker = Waker()
         if woken_by is not None:
             woken_by.add(self.waker)  # rows made (materialiser), NOTIFY (listener)
         writer.subscribe(self.name, self.settle)
-        #: Most rows held at once: one per worker plus two batches, so that a claim can run while
-        #: the previous batch's outcomes are being written.
-        self.max_held = self.concurrency + 2 * claim_batch
+        #: Most rows held at once: one per worker plus what the workers start within
+        #: PREFETCH_S, at most two batches (so that a claim can run while the previous batch's
+        #: outcomes are being written). Until a delivery has been timed: one more per worker.
+        self.max_held = 2 * self.concurrency
+        #: Seconds a delivery takes, a moving average (None: none timed yet).
+        self._delivery_s: float | None = None
         #: Rows claimed and not yet settled: queued, being delivered, or waiting for their outcome
         #: to be written.
         self.held = 0
@@ -231,6 +238,9 @@ class ChannelWorker:
             await self._apply_gate(await self._read_gate())
             if self.paused:
                 return Next(self.tick, "paused")  # a resume NOTIFY wakes us sooner
+        if self._delivery_s is not None:
+            ahead = self.concurrency * self.PREFETCH_S / max(self._delivery_s, 1e-6)
+            self.max_held = self.concurrency + max(1, min(math.ceil(ahead), 2 * self.claim_batch))
         free = self.max_held - self.held
         if free < max(1, min(self.claim_batch, self.max_held) // 2):
             return Next(math.inf, "slot")  # settling rows wakes us
@@ -369,6 +379,8 @@ class ChannelWorker:
         t1 = time.monotonic()
         elapsed = t1 - t0
         self._m_duration.observe(elapsed)
+        avg = self._delivery_s
+        self._delivery_s = elapsed if avg is None else avg + 0.1 * (elapsed - avg)
         # How long the occurrence has been tried: only a retry needs it (database clock).
         tried_for = (
             0.0
