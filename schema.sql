@@ -285,7 +285,8 @@ CREATE TABLE pgwork.daemon (
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
     listener_up  boolean DEFAULT false,
-    heartbeat_every interval NOT NULL DEFAULT '20 seconds'
+    heartbeat_every interval NOT NULL DEFAULT '20 seconds',
+    metrics_at   text
 );
 COMMENT ON TABLE pgwork.daemon IS
     'Running (or recently running) daemons, refreshed by their heartbeat. A row whose heartbeat is '
@@ -293,6 +294,9 @@ COMMENT ON TABLE pgwork.daemon IS
 COMMENT ON COLUMN pgwork.daemon.listener_up IS
     'Whether its LISTEN connection is up; NULL: it runs without one by configuration (behind a '
     'transaction pooler with no listen_dsn: the tick alone finds new work).';
+COMMENT ON COLUMN pgwork.daemon.metrics_at IS
+    'HOST:PORT its Prometheus metrics are served on (the port it got, when metrics.listen names '
+    'port 0 or a range); NULL: metrics off.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Functions
@@ -774,7 +778,9 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
         GRANT USAGE ON SCHEMA pgwork TO pgwork_cleanup;
         GRANT SELECT ON pgwork.schema_version, pgwork.reminder, pgwork.channel, pgwork.daemon TO pgwork_cleanup;
-        GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state TO pgwork_cleanup;
+        -- materialiser_state: a batch locks its row (see retention_delete_batch).
+        GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state, pgwork.materialiser_state
+           TO pgwork_cleanup;
         GRANT SELECT, DELETE ON pgwork.renewal_work, pgwork.attempt TO pgwork_cleanup;
         GRANT SELECT, INSERT ON pgwork.retired TO pgwork_cleanup;
     END IF;

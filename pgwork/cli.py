@@ -22,7 +22,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import __version__, db, logs, store
-from .config import Config, ConfigError, load
+from .config import ChannelConfig, Config, ConfigError, load
 from .durations import parse_duration
 from .embedded import EmbeddedError, LocalServer, wheel_bin_dir
 from .secrets import Secrets
@@ -132,9 +132,17 @@ def _print_welcome(database: Database) -> None:
     )
 
 
-def _migrate(dsn: str, pooled: bool = False) -> str:
+def _migrate(dsn: str, pooled: bool = False, channels: Sequence[ChannelConfig] = ()) -> str:
+    """Migrate, then register ``channels``, so that apps can schedule for them before any
+    daemon has started."""
+
     async def go(conn: psycopg.AsyncConnection[Any]) -> str:
-        return await db.migrate(conn)
+        done = await db.migrate(conn)
+        if channels:
+            async with conn.transaction():
+                await store.register_channels(conn, channels)
+            done += f"; channels registered: {', '.join(c.name for c in channels)}"
+        return done
 
     return str(_with_conn(dsn, go, pooled))
 
@@ -142,7 +150,8 @@ def _migrate(dsn: str, pooled: bool = False) -> str:
 def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
     database = Database(cfg)
     try:
-        print(_migrate(database.dsn, database.pooled))
+        configured = list(cfg.channels.values()) if cfg.channels_configured else []
+        print(_migrate(database.dsn, database.pooled, configured))
     finally:
         database.close()
     return 0
@@ -281,6 +290,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
                         "started_at",
                         "heartbeat_age_seconds",
                         "listener_up",
+                        "metrics_at",
                     ],
                 )
             )

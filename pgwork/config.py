@@ -139,6 +139,9 @@ class Config:
     channels: Mapping[str, ChannelConfig] = field(
         default_factory=lambda: {"log": ChannelConfig(name="log", kind="log")}
     )
+    #: The channels came from the config (file or environment), not the built-in demo default:
+    #: `pgwork migrate` registers them.
+    channels_configured: bool = False
 
 
 # option path -> (Config field, kind). Kinds: str, int, float (duration), bool, path.
@@ -340,16 +343,28 @@ def _convert(option: str, kind: str, value: Any) -> Any:
     raise AssertionError(kind)
 
 
+def listen_ports(value: str) -> tuple[str, range] | None:
+    """``HOST:PORT`` (0: any free port) or ``HOST:FIRST-LAST`` (the first free port of the
+    range: several daemons on one host with one config) as (host, ports); None if malformed."""
+    host, sep, port = value.rpartition(":")
+    first, dash, last = port.partition("-")
+    if not sep or any(c.isspace() for c in value) or not first.isdigit():
+        return None
+    if not dash:
+        last = first
+    if not last.isdigit():
+        return None
+    lo, hi = int(first), int(last)
+    if not (lo == hi == 0 or 1 <= lo <= hi <= 65535):
+        return None
+    return host, range(lo, hi + 1)
+
+
 def _check_listen(option: str, value: str) -> None:
-    _host, sep, port = value.rpartition(":")
-    if (
-        not sep
-        or not port.isdigit()
-        or not 1 <= int(port) <= 65535
-        or any(c.isspace() for c in value)
-    ):
+    if listen_ports(value) is None:
         raise ConfigError(
-            f"{option}: expected HOST:PORT with a port from 1 to 65535 (got {value!r})"
+            f"{option}: expected HOST:PORT with a port from 1 to 65535, HOST:0 (any free port) or "
+            f"HOST:FIRST-LAST (the first free port of a range) (got {value!r})"
         )
 
 
@@ -616,6 +631,7 @@ def load(
         kwargs["channels"] = {
             name: _channel(name, t, env, sources.get(name)) for name, t in chans.items()
         }
+        kwargs["channels_configured"] = True
     cfg = Config(**kwargs)
     if cfg.claim_batch < 1:
         raise ConfigError("worker.claim_batch: must be at least 1")

@@ -59,6 +59,8 @@ class Daemon:
     _stopping: anyio.Event = field(default_factory=anyio.Event)
     _hard_stop: anyio.Event = field(default_factory=anyio.Event)
     _gauges: Gauges | None = None
+    #: HOST:PORT the metrics are served on, once serving (the port got for 0 or a range).
+    metrics_at: str | None = None
 
     def __post_init__(self) -> None:
         self.sup = Supervisor(self.metrics)
@@ -113,11 +115,11 @@ class Daemon:
                 task_status.started()
                 return
             channels = {n: make_channel(c) for n, c in self.cfg.channels.items()}
-            server = (
-                serve_metrics(self.metrics.registry, self.cfg.metrics_listen)
-                if self.cfg.metrics_enabled
-                else None
-            )
+            server = None
+            if self.cfg.metrics_enabled:
+                server, self.metrics_at = serve_metrics(
+                    self.metrics.registry, self.cfg.metrics_listen
+                )
             pool = db.make_pool(
                 self.dsn, self.cfg.pool_size, self.cfg.connect_timeout, pooled=self.pooled
             )
@@ -173,6 +175,7 @@ class Daemon:
             identity=self.identity,
             clock=self.clock,
             listener_up=lambda: listener.up if listen_dsn else None,
+            metrics_at=self.metrics_at,
         )
         if listen_dsn is None:
             log.warning(

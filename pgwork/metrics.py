@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .config import ConfigError
+from .config import ConfigError, listen_ports
 
 log = logging.getLogger("pgwork.metrics")
 
@@ -209,13 +209,25 @@ class Metrics:
         )
 
 
-def serve_metrics(registry: CollectorRegistry, listen: str) -> Any:
-    """Serve ``registry`` on ``listen`` (HOST:PORT) from a thread; returns the server (its
-    ``shutdown()`` stops it). :raises ConfigError: naming ``metrics.listen`` when it cannot."""
-    host, _, port = listen.rpartition(":")
-    try:
-        server, _thread = start_http_server(int(port), host or "127.0.0.1", registry)
-    except (OSError, ValueError, OverflowError) as e:
-        raise ConfigError(f"metrics.listen: cannot serve on {listen!r}: {e}") from None
-    log.info("metrics on http://%s/metrics", listen)
-    return server
+def serve_metrics(registry: CollectorRegistry, listen: str) -> tuple[Any, str]:
+    """Serve ``registry`` on ``listen`` from a thread: HOST:PORT, HOST:0 (a free port the system
+    picks) or HOST:FIRST-LAST (the first free port of the range). Returns the server (its
+    ``shutdown()`` stops it) and the HOST:PORT it serves on.
+
+    :raises ConfigError: naming ``metrics.listen`` when it cannot."""
+    parsed = listen_ports(listen)
+    if parsed is None:
+        raise ConfigError(f"metrics.listen: not HOST:PORT (got {listen!r})")
+    host, ports = parsed
+    host = host or "127.0.0.1"
+    error: Exception | None = None
+    for port in ports:
+        try:
+            server, _thread = start_http_server(port, host, registry)
+        except (OSError, ValueError, OverflowError) as e:
+            error = e
+            continue
+        at = f"{host}:{server.server_port}"
+        log.info("metrics on http://%s/metrics", at, extra={"metrics_at": at})
+        return server, at
+    raise ConfigError(f"metrics.listen: cannot serve on {listen!r}: {error}") from None

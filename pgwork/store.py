@@ -7,15 +7,19 @@ The SQL stays in ``queries.sql`` (one place, readable as SQL); this module only 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
 from .queries import Q
+
+if TYPE_CHECKING:
+    from .config import ChannelConfig
 
 Conn = AsyncConnection[Any]
 T = TypeVar("T")
@@ -205,32 +209,25 @@ class _Name:
     name: str
 
 
-async def register_channels(
-    conn: Conn,
-    *,
-    names: list[str],
-    kinds: list[str],
-    catch_up: list[str],
-    global_concurrency: list[int | None],
-    rate_limit: list[float | None],
-    rate_burst: list[float | None],
-    breaker_after: list[int | None],
-    breaker_probe: list[timedelta | None],
-) -> list[str]:
-    """Register the channels with their shared settings; returns those whose settings changed."""
+async def register_channels(conn: Conn, channels: Sequence[ChannelConfig]) -> list[str]:
+    """Register the channels (reminders naming them are accepted from then on) with their shared
+    settings; returns those whose settings changed."""
+    cs = list(channels)
     got = await _rows(
         conn,
         "register_channels",
         _Name,
         {
-            "names": names,
-            "kinds": kinds,
-            "catch_up": catch_up,
-            "global_concurrency": global_concurrency,
-            "rate_limit": rate_limit,
-            "rate_burst": rate_burst,
-            "breaker_after": breaker_after,
-            "breaker_probe": breaker_probe,
+            "names": [c.name for c in cs],
+            "kinds": [c.kind for c in cs],
+            "catch_up": [c.catch_up for c in cs],
+            "global_concurrency": [c.global_concurrency for c in cs],
+            "rate_limit": [c.rate_limit for c in cs],
+            "rate_burst": [c.rate_burst for c in cs],
+            "breaker_after": [c.breaker_after for c in cs],
+            "breaker_probe": [
+                timedelta(seconds=c.breaker_probe) if c.breaker_after else None for c in cs
+            ],
         },
     )
     return [r.name for r in got]
@@ -287,6 +284,7 @@ async def daemon_register(
     version: str,
     heartbeat_every: timedelta,
     listener_up: bool | None,
+    metrics_at: str | None = None,
 ) -> None:
     await _exec(
         conn,
@@ -298,6 +296,7 @@ async def daemon_register(
             "version": version,
             "heartbeat_every": heartbeat_every,
             "listener_up": listener_up,
+            "metrics_at": metrics_at,
         },
     )
 
@@ -329,6 +328,8 @@ class DaemonRow:
     heartbeat_at: datetime
     #: None: this daemon runs without a listener (behind a pooler, no listen_dsn).
     listener_up: bool | None
+    #: HOST:PORT of its metrics (None: metrics off).
+    metrics_at: str | None
     heartbeat_age_seconds: float
     gone: bool
 

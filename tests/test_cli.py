@@ -103,6 +103,29 @@ async def test_migrate_then_run_refusals(empty_dsn: str) -> None:
     assert r.returncode == 2 and "refusing to touch it" in r.stderr
 
 
+async def test_migrate_registers_the_configured_channels(empty_dsn: str, tmp_path: Path) -> None:
+    """Apps can schedule for a channel as soon as `pgwork migrate` has run with the daemons'
+    config, before any daemon starts; without a config, no demo channel is registered."""
+    insert = (
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "VALUES ('app', 'k', now() + interval '1 day', 'billing', 'r')"
+    )
+    r = pgwork("migrate", dsn=empty_dsn)
+    assert r.returncode == 0 and "registered" not in r.stdout
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            await c.execute(insert)
+    cfg = tmp_path / "pgwork.toml"
+    cfg.write_text('[channels.billing]\nkind = "log"\nrate_limit = "5/s"\n')
+    r = pgwork("--config", str(cfg), "migrate", dsn=empty_dsn)
+    assert r.returncode == 0, r.stderr
+    assert "channels registered: billing" in r.stdout
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        await c.execute(insert)
+        got = await rows(c, "SELECT name, kind, rate_limit FROM pgwork.channel ORDER BY name")
+    assert got == [{"name": "billing", "kind": "log", "rate_limit": 5.0}]
+
+
 async def test_status_and_dlq_commands(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
     await add(conn, "dead-one", "now() - interval '1 hour'", channel="log")
     await add(conn, "waiting", "now() - interval '1 minute'", channel="log")
@@ -163,6 +186,11 @@ async def test_psql_passes_its_arguments(dsn: str, conn: psycopg.AsyncConnection
             "database.embedded_dir: cannot use '{t}/afile/sub' for the embedded server's data",
         ),
         ('[metrics]\nlisten = "127.0.0.1:99999"\n', ["run"], "metrics.listen: expected HOST:PORT"),
+        (
+            '[metrics]\nlisten = "127.0.0.1:9470-9460"\n',
+            ["run"],
+            "metrics.listen: expected HOST:PORT",
+        ),
         ('[channels.h]\nkind = "webhook"\nurl = "http://"\n', ["status"], "the URL has no host"),
         (
             '[channels.h]\nkind = "webhook"\nurl = "https://[::1"\n',

@@ -4,11 +4,19 @@ daemon code."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import urllib.request
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgwork.channels import Delivery, Failed, Outcome
 
 from . import sink
 from .helpers import (
@@ -23,6 +31,7 @@ from .helpers import (
 )
 from .processes import hook, toml
 from .receiver import Answer, Receiver
+from .test_cli import pgwork
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
@@ -143,3 +152,101 @@ async def test_a_burst_is_shared_by_idle_daemons(
     )
     shares = [r["n"] / 90 for r in split]
     assert len(shares) == 3 and shares[0] <= 0.5 and shares[-1] >= 0.15, shares
+
+
+async def test_the_daemon_and_cleanup_roles_are_enough_and_no_more(
+    dsn: str, conn: psycopg.AsyncConnection[Any], tmp_path: Path
+) -> None:
+    """A login role in pgwork_daemon runs the daemon (with row-level security on) and the
+    operator commands; one in pgwork_cleanup runs `pgwork cleanup`. Neither may schedule,
+    delete or change the schema."""
+    daemon, cleaner = f"pgwork_d_{os.getpid()}", f"pgwork_c_{os.getpid()}"
+    await conn.execute(f'CREATE ROLE "{daemon}" LOGIN IN ROLE pgwork_daemon')
+    await conn.execute(f'CREATE ROLE "{cleaner}" LOGIN IN ROLE pgwork_cleanup')
+    as_daemon, as_cleaner = make_conninfo(dsn, user=daemon), make_conninfo(dsn, user=cleaner)
+    try:
+        await conn.execute("ALTER TABLE pgwork.reminder ENABLE ROW LEVEL SECURITY")
+        await _flood(conn, "app", 20, "now()")
+        sink.BEHAVIOUR["app:1"] = _permanent
+        async with running(config(python_channel()), as_daemon):
+            await until(lambda: _settled(conn, 20), what="20 settled by the daemon's role")
+        assert await count(conn, "status = 'delivered'") == 19
+        dead = await rows(conn, "SELECT id FROM pgwork.renewal_work WHERE status = 'dead'")
+
+        for args in (["status"], ["dlq", "list"], ["channel", "list"]):
+            r = pgwork(*args, dsn=as_daemon)
+            assert r.returncode == 0, (args, r.stderr)
+        sink.BEHAVIOUR.clear()
+        r = pgwork("dlq", "redrive", str(dead[0]["id"]), dsn=as_daemon)
+        assert r.returncode == 0, r.stderr
+        r = pgwork("channel", "pause", "test", "--reason", "maintenance", dsn=as_daemon)
+        assert r.returncode == 0, r.stderr
+        got = await rows(
+            conn, "SELECT paused, paused_reason FROM pgwork.channel WHERE name = 'test'"
+        )
+        assert got == [{"paused": True, "paused_reason": "maintenance"}]
+
+        keep = tmp_path / "cleanup.toml"
+        keep.write_text('[retention]\nkeep = "0s"\ndead_keep = "0s"\n')
+        r = pgwork("--config", str(keep), "cleanup", dsn=as_cleaner)
+        assert r.returncode == 0, r.stderr
+        assert "deleted 19 work rows" in r.stdout
+        assert await count(conn) == 1  # the redriven row is ready: never deleted
+
+        for who, sql in (
+            (
+                as_daemon,
+                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, "
+                "recipient) VALUES ('app', 'x', now(), 'test', 'r')",
+            ),
+            (as_daemon, "DELETE FROM pgwork.reminder"),
+            (as_daemon, "DROP TABLE pgwork.attempt"),
+            (as_daemon, "TRUNCATE pgwork.renewal_work"),
+            (as_cleaner, "UPDATE pgwork.renewal_work SET status = 'ready'"),
+            (as_cleaner, "DELETE FROM pgwork.reminder"),
+            (as_cleaner, "SELECT pgwork.pause_channel('test')"),
+        ):
+            async with await psycopg.AsyncConnection.connect(who, autocommit=True) as c:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    await c.execute(sql)
+    finally:
+        await conn.execute("ALTER TABLE pgwork.reminder DISABLE ROW LEVEL SECURITY")
+        for role in (daemon, cleaner):
+            await conn.execute(f'DROP OWNED BY "{role}"')
+            await conn.execute(f'DROP ROLE "{role}"')
+
+
+async def _permanent(d: Delivery) -> Outcome | None:
+    return Failed(error="no such recipient")
+
+
+async def _settled(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status IN ('delivered', 'dead')") == n
+
+
+@pytest.mark.slow
+def test_daemons_on_one_host_share_a_config_and_serve_metrics_on_their_own_ports(
+    dsn: str, procs: Any
+) -> None:
+    """One config for every daemon of a host: metrics.listen names a range (each takes the
+    first free port) or port 0 (any free port); `pgwork status` shows where each serves."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        first = s.getsockname()[1]
+    ranged = f"127.0.0.1:{first}-{first + 1}"
+    for listen in (ranged, ranged, "127.0.0.1:0"):
+        procs(
+            dsn,
+            toml(channel='[channels.log]\nkind = "log"\n').replace(
+                "enabled = false", f'enabled = true\nlisten = "{listen}"'
+            ),
+        )
+    r = pgwork("status", "--json", dsn=dsn)
+    assert r.returncode == 0, r.stderr
+    at = sorted(d["metrics_at"] for d in json.loads(r.stdout)["daemons"])
+    ports = sorted(int(a.rpartition(":")[2]) for a in at)
+    assert len(set(ports)) == 3
+    assert {first, first + 1} <= set(ports)
+    for a in at:
+        with urllib.request.urlopen(f"http://{a}/metrics", timeout=5) as resp:
+            assert b"pgwork_lag_seconds" in resp.read()

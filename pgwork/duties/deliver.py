@@ -543,21 +543,8 @@ class Deliveries:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Claim loops stop cooperatively (a flag), so a stop never cancels a claim statement;
         the work group holds only the delivery workers."""
-        cs = [w.channel.config for w in self.workers]
         async with self.pool.connection() as conn, conn.transaction():
-            changed = await store.register_channels(
-                conn,
-                names=[c.name for c in cs],
-                kinds=[c.kind for c in cs],
-                catch_up=[c.catch_up for c in cs],
-                global_concurrency=[c.global_concurrency for c in cs],
-                rate_limit=[c.rate_limit for c in cs],
-                rate_burst=[c.rate_burst for c in cs],
-                breaker_after=[c.breaker_after for c in cs],
-                breaker_probe=[
-                    timedelta(seconds=c.breaker_probe) if c.breaker_after else None for c in cs
-                ],
-            )
+            changed = await store.register_channels(conn, [w.channel.config for w in self.workers])
         for name in changed:
             log.warning(
                 "channel %s: this daemon's config changed its shared settings (catch_up, "

@@ -107,6 +107,8 @@ class Heartbeat:
     clock: Clock
     #: Whether the LISTEN connection is up; None: no listener by configuration.
     listener_up: Callable[[], bool | None]
+    #: HOST:PORT its metrics are served on (None: off), shown by `pgwork status`.
+    metrics_at: str | None = None
 
     @property
     def daemon_id(self) -> str:
@@ -143,6 +145,7 @@ class Heartbeat:
                 version=__version__,
                 heartbeat_every=timedelta(seconds=self.every),
                 listener_up=self.listener_up(),
+                metrics_at=self.metrics_at,
             )
             await self.clock.sync(conn)
         self.clock.warn_if_skewed()

@@ -213,10 +213,11 @@ SELECT pgwork.pause_channel(%(channel)s, %(reason)s, %(actor)s) AS changed
 SELECT pgwork.resume_channel(%(channel)s, %(actor)s) AS changed
 
 -- name: daemon_register
-INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every, listener_up)
-VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s, %(listener_up)s)
+INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every, listener_up, metrics_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s, %(listener_up)s, %(metrics_at)s)
     ON CONFLICT (id) DO UPDATE
-   SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every, listener_up = excluded.listener_up
+   SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every, listener_up = excluded.listener_up,
+       metrics_at = excluded.metrics_at
 
 -- name: daemons_forget_gone
 -- Daemons silent for ten heartbeat intervals (and at least ten minutes) are gone for good (killed,
@@ -654,7 +655,7 @@ SELECT last_cutoff, last_pass_at, last_inserted, last_duration_ms, total_inserte
 
 -- name: daemons
 -- A daemon silent for more than three heartbeat intervals is shown as gone.
-SELECT id, host, pid, version, started_at, heartbeat_at, listener_up,
+SELECT id, host, pid, version, started_at, heartbeat_at, listener_up, metrics_at,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds,
        heartbeat_at < now() - 3 * heartbeat_every AS gone
   FROM pgwork.daemon ORDER BY started_at

@@ -3,10 +3,16 @@
 --
 -- What it adds: the claim shares each batch between the sources with due work (work_claimable
 -- is keyed by source; pgwork.live_sources walks the sources); the group roles pgwork_daemon and
--- pgwork_cleanup, with the privileges the daemon and the retention timer need.
+-- pgwork_cleanup, with the privileges the daemon and the retention timer need; where each
+-- daemon serves its metrics (daemon.metrics_at).
 --
 -- Cost on a large database: work_claimable is rebuilt. It indexes live rows only (ready and
 -- claimed), so it is as large as the backlog, not the table.
+
+ALTER TABLE pgwork.daemon ADD COLUMN metrics_at text;
+COMMENT ON COLUMN pgwork.daemon.metrics_at IS
+    'HOST:PORT its Prometheus metrics are served on (the port it got, when metrics.listen names '
+    'port 0 or a range); NULL: metrics off.';
 
 DROP INDEX pgwork.work_claimable;
 CREATE INDEX work_claimable ON pgwork.renewal_work (channel, source, available_at, id)
@@ -79,7 +85,9 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
         GRANT USAGE ON SCHEMA pgwork TO pgwork_cleanup;
         GRANT SELECT ON pgwork.schema_version, pgwork.reminder, pgwork.channel, pgwork.daemon TO pgwork_cleanup;
-        GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state TO pgwork_cleanup;
+        -- materialiser_state: a batch locks its row (see retention_delete_batch).
+        GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state, pgwork.materialiser_state
+           TO pgwork_cleanup;
         GRANT SELECT, DELETE ON pgwork.renewal_work, pgwork.attempt TO pgwork_cleanup;
         GRANT SELECT, INSERT ON pgwork.retired TO pgwork_cleanup;
     END IF;
