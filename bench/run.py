@@ -44,6 +44,7 @@ ORDER = [
     "scale",
     "gauges",
     "daemons",
+    "fairness",
     "memory",
 ]
 

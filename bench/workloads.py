@@ -49,6 +49,7 @@ class Sizes:
     app_insert: int = 100_000
     memory_seconds: float = 1200.0
     gauges_retained: int = 10_000_000
+    fairness: int = 100_000
 
 
 FULL = Sizes()
@@ -67,6 +68,7 @@ QUICK = Sizes(
     app_insert=50_000,
     memory_seconds=120,
     gauges_retained=1_000_000,
+    fairness=100_000,
 )
 SMOKE = Sizes(
     burndown=2_000,
@@ -83,6 +85,7 @@ SMOKE = Sizes(
     app_insert=2_000,
     memory_seconds=3,
     gauges_retained=20_000,
+    fairness=2_000,
 )
 
 #: The daemon's settings for throughput workloads (no-op Python channel).
@@ -912,6 +915,61 @@ async def w_daemons(ctx: Ctx) -> dict[str, float]:
     finally:
         cfg.unlink(missing_ok=True)
     return out
+
+
+# -- 11. fairness between sources ------------------------------------------------------------
+
+#: Single reminders another source writes during the flood, and the pause before each.
+FAIRNESS_PROBES = 5
+FAIRNESS_EVERY = 0.5
+
+
+async def w_fairness(ctx: Ctx) -> dict[str, float]:
+    """One source's flood of ``fairness`` reminders due a minute ago, drained by one daemon
+    (the burn-down's config); meanwhile another source writes one reminder due now, FAIRNESS_PROBES
+    times, FAIRNESS_EVERY apart. Reports each probe's lateness (due -> delivered, database
+    clock), median and max, and the flood rows still undelivered when the last probe was
+    delivered (the probes did not wait for the flood)."""
+    name, dsn = ctx.fresh()
+    try:
+        n = ctx.sizes.fairness
+        await seed_work(dsn, n)
+
+        async def probes() -> None:
+            async with await db.connect(dsn) as app:
+                for i in range(FAIRNESS_PROBES):
+                    await anyio.sleep(FAIRNESS_EVERY)
+                    await app.execute(
+                        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                        "VALUES ('other', %s, now(), 'noop', 'r')",
+                        (f"probe-{i}",),
+                    )
+
+        r = await drain(dsn, daemon_config(), n + FAIRNESS_PROBES, ctx.postmaster, during=probes)
+        async with await db.connect(dsn) as c:
+            cur = await c.execute(
+                "SELECT extract(epoch FROM a.finished_at - w.due_at)::float8, a.finished_at "
+                "FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
+                "WHERE w.source = 'other' AND a.outcome = 'delivered' ORDER BY 1"
+            )
+            got = await cur.fetchall()
+            assert len(got) == FAIRNESS_PROBES, got
+            last = max(f for _, f in got)
+            cur = await c.execute(
+                "SELECT count(*) FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
+                "WHERE w.source = 'bench' AND a.outcome = 'delivered' AND a.finished_at > %s",
+                (last,),
+            )
+            row = await cur.fetchone()
+        late = [float(x) for x, _ in got]
+        return {
+            "probe_late_p50_ms": statistics.median(late) * 1000,
+            "probe_late_max_ms": max(late) * 1000,
+            "flood_left_after_probes": float(row[0]) if row else 0.0,
+            "flood_jobs_per_s": r["jobs_per_s"],
+        }
+    finally:
+        ctx.drop(name)
 
 
 def shrink(s: Sizes, factor: float) -> Sizes:
