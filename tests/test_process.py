@@ -203,6 +203,42 @@ async def test_sigterm_lets_short_deliveries_finish(
     assert [x["status"] for x in await work(conn)] == ["delivered"] * 3
 
 
+async def test_sigterm_during_a_claim_releases_what_that_claim_took(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any, admin_dsn: str
+) -> None:
+    """A stop while a claim statement runs: the stop waits for it and gives back its rows;
+    none stays claimed until its lease expires, none is charged an attempt, none is sent. The
+    claim is held up on purpose: the channel has a global concurrency, so its claim first
+    locks the channel's row, which this test holds until after the SIGTERM."""
+    with Receiver() as receiver:
+        d = procs(dsn, toml(channel=hook(receiver.url, global_concurrency=5), lease="60s"))
+        async with await psycopg.AsyncConnection.connect(dsn) as blocker:
+            await blocker.execute(
+                "SELECT 1 FROM pgwork.channel WHERE name = 'hook' FOR NO KEY UPDATE"
+            )
+            for i in range(10):
+                await add(conn, f"k{i}", channel="hook")
+
+            async def claim_waits() -> bool:
+                got = await rows(
+                    conn,
+                    "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%%FOR NO KEY UPDATE%%' AND pid <> %s",
+                    (blocker.info.backend_pid,),
+                )
+                return bool(got[0]["n"])
+
+            await until(claim_waits, what="the daemon's claim to wait for the channel's row")
+            d.signal(signal.SIGTERM)
+            await anyio.sleep(0.5)
+            await blocker.rollback()  # the claim goes on, after the stop began
+        assert d.wait(30) == 0
+    got = await rows(conn, "SELECT status, attempts FROM pgwork.renewal_work ORDER BY id")
+    assert {r["status"] for r in got} == {"ready"}, got
+    assert {r["attempts"] for r in got} == {0}
+    assert receiver.requests == []
+
+
 async def test_sigterm_under_continuous_load_does_not_wait_out_the_grace(
     dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
 ) -> None:

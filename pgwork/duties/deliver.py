@@ -113,6 +113,8 @@ class ChannelWorker:
         self._stopping = False
         #: Consecutive claims that got nothing while a row was due (see claim_step).
         self._due_unclaimed = 0
+        #: A claim statement is under way: a stop waits for it, then gives back its rows.
+        self.claiming = False
         #: Attempts under way and when each must end (see _reap).
         self._attempts: dict[anyio.CancelScope, float] = {}
         #: The channel's gate as last seen (see _apply_gate): paused; no delivery starts before
@@ -245,7 +247,11 @@ class ChannelWorker:
         if free < max(1, min(self.claim_batch, self.max_held) // 2):
             return Next(math.inf, "slot")  # settling rows wakes us
         limit = min(free, self.claim_batch)
-        rows = await self._claim(limit)
+        self.claiming = True
+        try:
+            rows = await self._claim(limit)
+        finally:
+            self.claiming = False
         taken = 0
         for row in rows:
             if row.prev_status == "claimed":
@@ -597,6 +603,11 @@ class Deliveries:
             anyio.CancelScope(shield=True),
             anyio.move_on_after(self.FINAL_STEPS_TIMEOUT) as scope,
         ):
+            # A claim under way may have committed already: wait for its rows (held, never
+            # started), so that they are given back below, not left claimed until their lease
+            # expires. No claim starts after stop_claiming.
+            while any(w.claiming for w in self.workers):  # noqa: ASYNC110
+                await anyio.sleep(self.IDLE_POLL)
             await self.writer.drain()
             released = await release_all(self.pool, self.leases, self.identity)
             if released:
