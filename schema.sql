@@ -104,6 +104,12 @@ CREATE TABLE pgwork.reminder (
     created_at    timestamptz NOT NULL DEFAULT now(),
     updated_at    timestamptz NOT NULL DEFAULT now(),
     planned_at    timestamptz DEFAULT now(),
+    traceparent   text
+        CONSTRAINT reminder_traceparent_w3c
+            CHECK (traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+                   AND traceparent !~ '^ff-' AND traceparent !~ '^..-0{32}-' AND traceparent !~ '-0{16}-..$'),
+    tracestate    text
+        CONSTRAINT reminder_tracestate_valid CHECK (length(tracestate) <= 512 AND tracestate !~ '[[:cntrl:]]'),
     CONSTRAINT reminder_business_key_unique UNIQUE (source, business_key),
     CONSTRAINT reminder_local_time_complete CHECK ((due_local IS NULL) = (due_tz IS NULL))
 );
@@ -124,6 +130,10 @@ COMMENT ON COLUMN pgwork.reminder.planned_at IS
     'Maintained by pgwork: when the schedule was last written (insert, or a move of due_at or '
     'remind_before); the channel''s catch_up policy judges occurrences that fired before it. NULL '
     '(rows from before schema 4): created_at.';
+COMMENT ON COLUMN pgwork.reminder.traceparent IS
+    'Optional W3C trace context of the request that scheduled (or last moved) the reminder; '
+    'each occurrence materialised from then on carries it, and its webhook requests send it.';
+COMMENT ON COLUMN pgwork.reminder.tracestate IS 'Optional W3C tracestate that goes with traceparent.';
 COMMENT ON COLUMN pgwork.reminder.next_fire_at IS
     'Maintained by pgwork: when the earliest occurrence not yet materialised fires; ''infinity'' '
     'when all are; NULL means due_at (the common reminder: one send at the deadline, written without '
@@ -163,6 +173,8 @@ CREATE TABLE pgwork.renewal_work (
     dead_reason   text,
     redriven_at   timestamptz,
     redriven_by   text,
+    traceparent   text,
+    tracestate    text,
     -- operation_id is a function of this key, so it is unique too; it has no index of its own
     -- (every status change is a non-HOT update that pays for each index).
     CONSTRAINT work_occurrence_unique UNIQUE (reminder_id, deadline, occurrence),
@@ -726,8 +738,10 @@ BEGIN
         GRANT SELECT, DELETE ON pgwork.reminder TO pgwork_app;
         -- UPDATE of source and business_key is granted so that the trigger, not a bare
         -- "permission denied", tells an app they cannot change.
-        GRANT INSERT (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload),
-              UPDATE (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload)
+        GRANT INSERT (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
+                      traceparent, tracestate),
+              UPDATE (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
+                      traceparent, tracestate)
               ON pgwork.reminder TO pgwork_app;
         GRANT SELECT ON pgwork.reminder_status, pgwork.channel, pgwork.time_zone TO pgwork_app;
         GRANT EXECUTE ON FUNCTION pgwork.reminder_notify() TO pgwork_app;

@@ -104,6 +104,11 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
     from .daemon import Daemon
     from .service import serve
 
+    provider = None
+    if cfg.tracing_enabled:
+        from .tracing import setup_sdk
+
+        provider = setup_sdk()  # before the database: a missing extra is a config error
     database = Database(cfg)
     try:
         if database.embedded:
@@ -116,6 +121,8 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
         anyio.run(main)
     finally:
         database.close()
+        if provider is not None:
+            provider.shutdown()  # flush the spans still batched
     return 0
 
 

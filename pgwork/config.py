@@ -139,6 +139,8 @@ class Config:
     channels: Mapping[str, ChannelConfig] = field(
         default_factory=lambda: {"log": ChannelConfig(name="log", kind="log")}
     )
+    #: OpenTelemetry spans for claim -> deliver -> outcome (needs the otel extra).
+    tracing_enabled: bool = False
     #: The channels came from the config (file or environment), not the built-in demo default:
     #: `pgwork migrate` registers them.
     channels_configured: bool = False
@@ -164,6 +166,7 @@ _OPTIONS: dict[str, tuple[str, str]] = {
     "log.redact": ("log_redact", "str"),
     "metrics.enabled": ("metrics_enabled", "bool"),
     "metrics.listen": ("metrics_listen", "str"),
+    "tracing.enabled": ("tracing_enabled", "bool"),
     "metrics.interval": ("metrics_interval", "duration"),
     "retention.enabled": ("retention_enabled", "bool"),
     "retention.dsn": ("retention_dsn", "str"),

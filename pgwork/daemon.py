@@ -35,6 +35,7 @@ from .duties.retention import RetentionDuty
 from .metrics import Metrics, serve_metrics
 from .secrets import Secrets
 from .supervise import Supervisor
+from .tracing import Tracer
 from .waker import WakerGroup
 
 log = logging.getLogger("pgwork.daemon")
@@ -61,6 +62,8 @@ class Daemon:
     _gauges: Gauges | None = None
     #: HOST:PORT the metrics are served on, once serving (the port got for 0 or a range).
     metrics_at: str | None = None
+    #: The OpenTelemetry tracer provider for tracing.enabled (None: the process's global one).
+    tracer_provider: Any = None
 
     def __post_init__(self) -> None:
         self.sup = Supervisor(self.metrics)
@@ -154,6 +157,7 @@ class Daemon:
             identity=self.identity,
             clock=self.clock,
             woken_by=work_made,
+            tracer=Tracer(self.tracer_provider) if cfg.tracing_enabled else None,
         )
         materialiser = Materialiser(
             pool, sup, work_made, tick=cfg.tick, lookahead=cfg.lookahead, page_size=cfg.page_size

@@ -376,6 +376,9 @@ class Claimed(Occurrence):
     recipient: str | None
     #: The payload as JSON text, exactly as stored.
     payload: str | None
+    #: W3C trace context the reminder was written with (None: none).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 async def claim_work(

@@ -161,9 +161,10 @@ def config(*channels: ChannelConfig, **kw: Any) -> Config:
 
 
 @asynccontextmanager
-async def running(cfg: Config, dsn: str) -> AsyncIterator[Daemon]:
-    """A daemon running in this event loop; stopped gracefully on exit, even when the test fails."""
-    d = Daemon(cfg, dsn)
+async def running(cfg: Config, dsn: str, **daemon: Any) -> AsyncIterator[Daemon]:
+    """A daemon running in this event loop; stopped gracefully on exit, even when the test fails.
+    ``daemon``: further Daemon fields (e.g. tracer_provider)."""
+    d = Daemon(cfg, dsn, **daemon)
     async with anyio.create_task_group() as tg:
         await tg.start(d.run)
         try:

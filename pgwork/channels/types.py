@@ -24,6 +24,10 @@ class Delivery(Occurrence):
     payload_json: str
     #: 1 for the first attempt; counts reclaims after an expired lease too.
     attempt: int
+    #: W3C trace context to send on (the reminder's own, or with tracing on, this delivery's
+    #: span, a child of it); None: none.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @cached_property
     def payload(self) -> dict[str, Any]:

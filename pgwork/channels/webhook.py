@@ -106,6 +106,10 @@ class WebhookChannel:
         }
         if self._keys:
             h["webhook-signature"] = sign(self._keys, op, ts, body)
+        if d.traceparent:
+            h["traceparent"] = d.traceparent
+            if d.tracestate:
+                h["tracestate"] = d.tracestate
         return h
 
     async def deliver(self, d: Delivery) -> Outcome:

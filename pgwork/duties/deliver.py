@@ -23,6 +23,7 @@ from ..channels.policy import decide
 from ..clock import Clock
 from ..config import Config
 from ..supervise import Next, Supervisor
+from ..tracing import Tracer
 from ..waker import Waker, WakerGroup
 from .leases import Held, Leases, release_all
 from .outcomes import OutcomeWriter, Record, clean_delay, clean_text
@@ -70,8 +71,11 @@ class ChannelWorker:
         identity: tuple[str, str, int],
         clock: Clock | None = None,
         woken_by: WakerGroup | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.channel = channel
+        #: OpenTelemetry spans (tracing.enabled); None: off, and nothing on the path below pays.
+        self.tracer = tracer
         self.sup = sup
         metrics = sup.metrics
         self.clock = clock or Clock()
@@ -167,6 +171,8 @@ class ChannelWorker:
         counting an attempt); idle workers end."""
         self._closed = True
         left = len(self._queue)
+        if self.tracer is not None:
+            self.tracer.released((r.id, r.lease) for r in self._queue)
         self._queue.clear()
         self.held -= left
         for ev in self._idle:
@@ -223,6 +229,8 @@ class ChannelWorker:
         self._queue.clear()
         if not queued:
             return
+        if self.tracer is not None:
+            self.tracer.released((r.id, r.lease) for r in queued)
         held = [Held(r.id, r.lease, self.name) for r in queued]
         released = await release_all(self.pool, self.leases, self.identity, held)
         self.held -= len(queued)
@@ -248,6 +256,7 @@ class ChannelWorker:
             return Next(math.inf, "slot")  # settling rows wakes us
         limit = min(free, self.claim_batch)
         self.claiming = True
+        t_claim = time.monotonic()
         try:
             rows = await self._claim(limit)
         finally:
@@ -283,6 +292,8 @@ class ChannelWorker:
                 continue  # stopping: held, and released without counting an attempt
             self._queue.append(row)
             taken += 1
+        if self.tracer is not None and taken:
+            self.tracer.claimed(list(self._queue)[-taken:], self.name, t_claim, time.monotonic())
         self.held += taken
         self._m_claimed.inc(taken)
         self._m_held.set(self.held)
@@ -345,6 +356,11 @@ class ChannelWorker:
     async def _deliver(self, row: store.Claimed) -> None:
         # A claimed row's reminder exists (the claim closes the others): both are there.
         assert row.recipient is not None and row.payload is not None
+        traceparent, tracestate = row.traceparent, row.tracestate
+        if self.tracer is not None:
+            span, traceparent, tracestate = self.tracer.deliver_start(
+                (row.id, row.lease), self.name, self.channel.config.kind
+            )
         d = Delivery(
             work_id=row.id,
             operation_id=row.operation_id,
@@ -357,6 +373,8 @@ class ChannelWorker:
             recipient=row.recipient,
             payload_json=row.payload,
             attempt=row.attempts,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         t0 = time.monotonic()
         self.active += 1
@@ -396,6 +414,8 @@ class ChannelWorker:
         ledger, status, delay, error = decide(
             outcome, row.attempts - row.attempts_base, self.policy, tried_for
         )
+        if self.tracer is not None:
+            self.tracer.deliver_end((row.id, row.lease), span, ledger, outcome.http_status, error)
         throttle = pause = None
         if isinstance(outcome, Retry):
             if outcome.throttle:
@@ -436,6 +456,8 @@ class ChannelWorker:
             self.leases.drop(r.key)
             accepted = r.key not in fenced
             self._m_attempts[r.outcome if accepted else "fenced"].inc()
+            if self.tracer is not None:
+                self.tracer.settled(r.key, r.outcome, accepted)
             if accepted and r.status == "delivered" and r.due_at is not None:
                 # Both instants by the database's clock (see Clock).
                 finished_at = self.clock.db_time(r.finished)
@@ -512,6 +534,7 @@ class Deliveries:
         identity: tuple[str, str, int],
         clock: Clock,
         woken_by: WakerGroup,
+        tracer: Tracer | None = None,
     ) -> None:
         self.pool = pool
         self.writer = writer
@@ -528,6 +551,7 @@ class Deliveries:
                 identity=identity,
                 clock=clock,
                 woken_by=woken_by,
+                tracer=tracer,
             )
             for ch in channels.values()
         ]

@@ -57,7 +57,7 @@ WITH params AS MATERIALIZED (
 ), due AS MATERIALIZED (
     SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
            r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
-           coalesce(r.planned_at, r.created_at) AS planned_at
+           coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate
       FROM pgwork.reminder r
      WHERE current_setting('pgwork.may_page', true) = 'true'  -- materialise_lock got the lock
        AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
@@ -70,7 +70,7 @@ WITH params AS MATERIALIZED (
 ), fires AS MATERIALIZED (
     SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
            pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
-           d.planned_at, (SELECT cutoff FROM params) AS cutoff
+           d.planned_at, (SELECT cutoff FROM params) AS cutoff, d.traceparent, d.tracestate
       FROM due d
      CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
 ), occ AS MATERIALIZED (
@@ -89,13 +89,14 @@ WITH params AS MATERIALIZED (
 ), made AS (
     INSERT INTO pgwork.renewal_work AS w
            (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
-            available_at, status, finished_at, last_error)
+            available_at, status, finished_at, last_error, traceparent, tracestate)
     SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
            pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before), o.fire_at,
            CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
            CASE WHEN o.skip THEN now() END,
            CASE WHEN o.skip THEN format('skipped by catch_up = %%s: due %%s, before its reminder was written (%%s)',
-                                       o.catch_up, o.fire_at, o.planned_at) END
+                                       o.catch_up, o.fire_at, o.planned_at) END,
+           o.traceparent, o.tracestate
       FROM occ o
      WHERE o.fire_at <= o.cutoff
        AND o.fire_at >= o.progress
@@ -103,7 +104,8 @@ WITH params AS MATERIALIZED (
                         WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before)
         ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
        SET status = excluded.status, available_at = excluded.available_at,
-           finished_at = excluded.finished_at, last_error = excluded.last_error
+           finished_at = excluded.finished_at, last_error = excluded.last_error,
+           traceparent = excluded.traceparent, tracestate = excluded.tracestate
      WHERE w.status = 'superseded'
     RETURNING w.due_at, w.status
 ), nxt AS (
@@ -356,7 +358,7 @@ WITH gate AS MATERIALIZED (
     RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
               w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
               coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
-              j.prev_status, j.prev_lease, j.prev_attempts, j.prev_claimed_at, j.prev_claimed_by,
+              w.traceparent, w.tracestate, j.prev_status, j.prev_lease, j.prev_attempts, j.prev_claimed_at, j.prev_claimed_by,
               j.recipient, j.payload
 ), spent AS (
     -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
@@ -377,7 +379,7 @@ WITH gate AS MATERIALIZED (
 )
 SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, u.due_at,
        u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease, u.retry_since,
-       u.prev_status, u.recipient, u.payload
+       u.prev_status, u.recipient, u.payload, u.traceparent, u.tracestate
   FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, updated u
  ORDER BY u.due_at, u.id
 

@@ -4,10 +4,33 @@
 -- What it adds: the claim shares each batch between the sources with due work (work_claimable
 -- is keyed by source; pgwork.live_sources walks the sources); the group roles pgwork_daemon and
 -- pgwork_cleanup, with the privileges the daemon and the retention timer need; where each
--- daemon serves its metrics (daemon.metrics_at).
+-- daemon serves its metrics (daemon.metrics_at); W3C trace context on reminders, carried to
+-- their work rows (traceparent, tracestate).
 --
 -- Cost on a large database: work_claimable is rebuilt. It indexes live rows only (ready and
--- claimed), so it is as large as the backlog, not the table.
+-- claimed), so it is as large as the backlog, not the table. The new reminder columns' CHECK
+-- constraints are validated in one scan of pgwork.reminder (every row passes: the columns are
+-- new and NULL).
+
+ALTER TABLE pgwork.reminder
+    ADD COLUMN traceparent text
+        CONSTRAINT reminder_traceparent_w3c
+            CHECK (traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+                   AND traceparent !~ '^ff-' AND traceparent !~ '^..-0{32}-' AND traceparent !~ '-0{16}-..$'),
+    ADD COLUMN tracestate text
+        CONSTRAINT reminder_tracestate_valid CHECK (length(tracestate) <= 512 AND tracestate !~ '[[:cntrl:]]');
+COMMENT ON COLUMN pgwork.reminder.traceparent IS
+    'Optional W3C trace context of the request that scheduled (or last moved) the reminder; '
+    'each occurrence materialised from then on carries it, and its webhook requests send it.';
+COMMENT ON COLUMN pgwork.reminder.tracestate IS 'Optional W3C tracestate that goes with traceparent.';
+ALTER TABLE pgwork.renewal_work ADD COLUMN traceparent text, ADD COLUMN tracestate text;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_app') THEN
+        GRANT INSERT (traceparent, tracestate), UPDATE (traceparent, tracestate) ON pgwork.reminder TO pgwork_app;
+    END IF;
+END
+$$;
 
 ALTER TABLE pgwork.daemon ADD COLUMN metrics_at text;
 COMMENT ON COLUMN pgwork.daemon.metrics_at IS
