@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
@@ -306,6 +306,47 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     if args.max_lag is not None and lag > args.max_lag:
         print(f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_web(args: argparse.Namespace, cfg: Config) -> int:
+    """Serve the operator's page until SIGINT or SIGTERM."""
+    import signal
+
+    from . import web
+
+    if args.listen:
+        from .config import _check_listen
+
+        _check_listen("--listen", args.listen)
+        cfg = replace(cfg, web_listen=args.listen)
+    logs.add_secrets(Secrets.from_config(cfg))
+    database = Database(cfg)
+
+    async def main() -> None:
+        try:
+            async with await db.connect(database.dsn, timeout=5, pooled=database.pooled) as conn:
+                await db.check_schema(conn)
+        except psycopg.OperationalError as e:
+            raise CliError(
+                f"cannot connect to the database ({db.describe(database.dsn)}): "
+                f"{db.redact(str(e)).strip().splitlines()[0]}",
+                3,
+            ) from None
+        pool = db.make_pool(database.dsn, 2, cfg.connect_timeout, pooled=database.pooled)
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with pool, anyio.create_task_group() as tg:
+                at = await tg.start(web.serve, pool, cfg)
+                actions = "actions need web.token" if cfg.web_token else "read-only (no web.token)"
+                print(f"pgwork web on http://{at}/ ({actions}); Ctrl-C stops", file=sys.stderr)
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+
+    try:
+        anyio.run(main)
+    finally:
+        database.close()
     return 0
 
 
@@ -615,6 +656,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when lag exceeds this (e.g. 5m): usable as a health check",
     )
 
+    wb = sub.add_parser(
+        "web",
+        help="serve the operator's web page (overview, rows, dead letters; actions with web.token)",
+        description="A small read-mostly page on web.listen (default 127.0.0.1:9465). Redrive, "
+        "pause and resume need web.token (PGWORK_WEB_TOKEN); without one the page is read-only.",
+    )
+    wb.add_argument("--listen", metavar="HOST:PORT", help="overrides web.listen")
+
     cl = sub.add_parser(
         "cleanup",
         help="run one retention pass (for a systemd timer), or pause/resume retention",
@@ -698,6 +747,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "psql": cmd_psql,
     "status": cmd_status,
     "cleanup": cmd_cleanup,
+    "web": cmd_web,
     "dlq": cmd_dlq,
     "channel": cmd_channel,
 }

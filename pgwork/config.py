@@ -141,6 +141,11 @@ class Config:
     )
     #: OpenTelemetry spans for claim -> deliver -> outcome (needs the otel extra).
     tracing_enabled: bool = False
+    #: Serve the web page from the daemon too (`pgwork web` serves it on its own).
+    web_enabled: bool = False
+    web_listen: str = "127.0.0.1:9465"
+    #: The token that enables the page's actions (None: read-only).
+    web_token: str | None = None
     #: The channels came from the config (file or environment), not the built-in demo default:
     #: `pgwork migrate` registers them.
     channels_configured: bool = False
@@ -167,6 +172,9 @@ _OPTIONS: dict[str, tuple[str, str]] = {
     "metrics.enabled": ("metrics_enabled", "bool"),
     "metrics.listen": ("metrics_listen", "str"),
     "tracing.enabled": ("tracing_enabled", "bool"),
+    "web.enabled": ("web_enabled", "bool"),
+    "web.listen": ("web_listen", "str"),
+    "web.token": ("web_token", "str"),
     "metrics.interval": ("metrics_interval", "duration"),
     "retention.enabled": ("retention_enabled", "bool"),
     "retention.dsn": ("retention_dsn", "str"),
@@ -394,8 +402,13 @@ def _check_url(where: str, url: Any) -> None:
 
 
 def _check(option: str, value: Any) -> None:
-    if option == "metrics.listen":
+    if option in ("metrics.listen", "web.listen"):
         _check_listen(option, value)
+    if option == "web.token" and (len(value) < 16 or value != value.strip()):
+        raise ConfigError(
+            "web.token: at least 16 characters with no surrounding spaces (set it with "
+            "PGWORK_WEB_TOKEN rather than in the file; e.g. `openssl rand -hex 24`)"
+        )
     if option in _CHOICES and value not in _CHOICES[option]:
         raise ConfigError(f"{option}: must be one of {', '.join(_CHOICES[option])} (got {value!r})")
     if option in _LIMITS:

@@ -64,6 +64,8 @@ class Daemon:
     metrics_at: str | None = None
     #: The OpenTelemetry tracer provider for tracing.enabled (None: the process's global one).
     tracer_provider: Any = None
+    #: HOST:PORT of the web page, once serving (web.enabled).
+    web_at: str | None = None
 
     def __post_init__(self) -> None:
         self.sup = Supervisor(self.metrics)
@@ -205,6 +207,10 @@ class Daemon:
                     listener_up=lambda: listener.up if listen_dsn else None,
                 )
                 await duties.start(self._gauges.run)
+            if cfg.web_enabled:
+                from . import web
+
+                self.web_at = await duties.start(web.serve, pool, cfg)
             if cfg.retention_enabled:
                 retention = RetentionDuty(
                     cfg.retention_dsn or self.dsn,

@@ -30,7 +30,11 @@ def redact(text: str) -> str:
 
 def personal(value: str) -> str:
     """A business key or recipient as ``log.redact`` allows it in message text."""
-    mode = _MODE[0]
+    return personal_as(value, _MODE[0])
+
+
+def personal_as(value: str, mode: str) -> str:
+    """A business key or recipient as redaction ``mode`` (none, hash, drop) allows it."""
     if mode == "hash":
         return "h:" + hashlib.sha256(value.encode()).hexdigest()[:16]
     if mode == "drop":

@@ -61,6 +61,7 @@ class Secrets:
         s = cls()
         for dsn in (cfg.dsn, cfg.retention_dsn, cfg.listen_dsn, *dsns):
             s.add(dsn_password(dsn))
+        s.add(cfg.web_token)
         for ch in cfg.channels.values():
             for secret in ch.signing_secrets:
                 s.add(secret)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
@@ -565,6 +565,57 @@ async def dlq_redrive(
             "operator": operator,
             "since": since,
             "reason_like": reason_like,
+        },
+    )
+
+
+async def live_page(
+    conn: Conn,
+    *,
+    channel: str,
+    statuses: list[str],
+    after: tuple[str, datetime, int] | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """One keyset page of a channel's live rows (``after``: the last row's source, available_at
+    and id; None: the first page)."""
+    src, at, id_ = after or ("", datetime.min.replace(tzinfo=UTC), 0)
+    return await _dicts(
+        conn,
+        "live_page",
+        {
+            "channel": channel,
+            "statuses": statuses,
+            "after_source": src,
+            "after_at": at,
+            "after_id": id_,
+            "limit": limit,
+        },
+    )
+
+
+async def dead_page(
+    conn: Conn,
+    *,
+    channel: str | None,
+    source: str | None,
+    reason_like: str | None,
+    before: tuple[datetime, int] | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """One keyset page of dead letters, newest first (``before``: the last row's finished_at and
+    id; None: the first page)."""
+    at, id_ = before or (datetime.max.replace(tzinfo=UTC), 2**63 - 1)
+    return await _dicts(
+        conn,
+        "dead_page",
+        {
+            "channel": channel,
+            "source": source,
+            "reason_like": reason_like,
+            "before_at": at,
+            "before_id": id_,
+            "limit": limit,
         },
     )
 

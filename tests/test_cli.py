@@ -52,6 +52,7 @@ def test_version_and_help_for_every_command() -> None:
         ["channel", "list"],
         ["channel", "pause"],
         ["channel", "resume"],
+        ["web"],
     ):
         r = pgwork(*cmd, "--help")
         assert r.returncode == 0 and "usage: pgwork" in r.stdout, cmd
@@ -191,6 +192,8 @@ async def test_psql_passes_its_arguments(dsn: str, conn: psycopg.AsyncConnection
             ["run"],
             "metrics.listen: expected HOST:PORT",
         ),
+        ('[web]\ntoken = "short"\n', ["web"], "web.token: at least 16 characters"),
+        ('[web]\nlisten = "localhost"\n', ["web"], "web.listen: expected HOST:PORT"),
         ('[channels.h]\nkind = "webhook"\nurl = "http://"\n', ["status"], "the URL has no host"),
         (
             '[channels.h]\nkind = "webhook"\nurl = "https://[::1"\n',

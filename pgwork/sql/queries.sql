@@ -780,3 +780,30 @@ SELECT greatest(
 -- through a transaction-pooling PgBouncer too).
 SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('lock_timeout', %(lock_timeout)s, true)
+
+-- name: live_page
+-- A channel's live rows (ready, claimed or both) for the web page: one keyset page in
+-- work_claimable's own order, so a page reads only live rows, however many are retained.
+SELECT w.id, w.source, w.business_key, w.status, w.due_at, w.available_at, w.attempts,
+       w.attempts_base, w.last_error
+  FROM pgwork.renewal_work w
+ WHERE w.channel = %(channel)s AND w.status IN ('ready', 'claimed')
+   AND w.status = ANY (%(statuses)s::text[])
+   AND (w.source, w.available_at, w.id)
+       > (%(after_source)s::text, %(after_at)s::timestamptz, %(after_id)s::bigint)
+ ORDER BY w.source, w.available_at, w.id
+ LIMIT %(limit)s
+
+-- name: dead_page
+-- Dead letters for the web page, newest first, one keyset page: read from work_dead (dead rows
+-- only); optionally one channel, one source, a dead_reason LIKE a pattern.
+SELECT w.id, w.source, w.business_key, w.channel, w.due_at, w.attempts, w.attempts_base,
+       w.dead_reason, w.finished_at
+  FROM pgwork.renewal_work w
+ WHERE w.status = 'dead'
+   AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
+   AND (%(source)s::text IS NULL OR w.source = %(source)s)
+   AND (%(reason_like)s::text IS NULL OR w.dead_reason LIKE %(reason_like)s)
+   AND (w.finished_at, w.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint)
+ ORDER BY w.finished_at DESC, w.id DESC
+ LIMIT %(limit)s

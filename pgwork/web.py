@@ -1,0 +1,586 @@
+"""`pgwork web`: a small read-mostly page for operators — overview, a channel's rows, one row with
+its attempt ledger, the dead letters — and three actions (redrive, pause, resume).
+
+Safe by default: it binds to 127.0.0.1; every value is HTML-escaped (business keys and payloads
+are written by other apps) and a Content-Security-Policy forbids scripts outright; business keys
+and recipients follow ``log.redact``; actions need the configured ``web.token`` (signed in once,
+kept in an HttpOnly, SameSite=Strict cookie), are POST-only and carry a CSRF token that must
+match its cookie; each is recorded with who and when, like the CLI's. Every page runs a few
+short autocommit statements that read indexes of live or dead rows only; none holds a
+transaction open. Server-rendered HTML, no JavaScript, nothing fetched from elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+import anyio
+from aiohttp import web
+from anyio.abc import TaskStatus
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from . import __version__, store
+from .config import Config, ConfigError, listen_ports
+from .duties import gauges
+from .logs import personal_as
+
+log = logging.getLogger("pgwork.web")
+
+Pool = AsyncConnectionPool[AsyncConnection[Any]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Rows per page.
+PAGE = 50
+CSRF_COOKIE = "pgwork_csrf"
+#: A CSRF token made for this request (the browser had none): the response sets it as a cookie.
+NEW_CSRF = web.RequestKey("pgwork_new_csrf", str)
+AUTH_COOKIE = "pgwork_auth"
+HEADERS = {
+    # No script may run, whatever a page contains; styles only from the page itself.
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
+header{background:#24292f;color:#fff;padding:.6em 1.2em}header a{color:#fff;margin-right:1.2em}
+main{padding:1em 1.2em}table{border-collapse:collapse;background:#fff;margin:.5em 0 1.5em}
+th,td{border:1px solid #d0d7de;padding:.3em .6em;text-align:left;vertical-align:top}
+th{background:#f0f3f6}.bad{color:#b42318;font-weight:600}.ok{color:#1a7f37}
+.note{color:#57606a}form.inline{display:inline}code{font-size:13px}
+"""
+
+
+def _e(value: Any) -> str:
+    """Any value as escaped HTML text ('' for None)."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        value = value.isoformat(sep=" ", timespec="seconds")
+    return escape(str(value), quote=True)
+
+
+def _table(headings: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
+    """Cells are HTML already (escaped by the caller)."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headings)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _link(path: str, text: Any, **query: Any) -> str:
+    q = {k: v for k, v in query.items() if v not in (None, "")}
+    href = path + ("?" + urlencode(q) if q else "")
+    return f'<a href="{escape(href, quote=True)}">{_e(text)}</a>'
+
+
+class WebApp:
+    """The page's handlers over a connection pool."""
+
+    def __init__(self, pool: Pool, cfg: Config) -> None:
+        self.pool = pool
+        self.cfg = cfg
+        self.token = cfg.web_token
+        self.redact = cfg.log_redact
+        # What the auth cookie holds: derived from the token, so changing the token signs
+        # everyone out; never the token itself.
+        self._auth = (
+            hmac.new(self.token.encode(), b"pgwork-web-auth", hashlib.sha256).hexdigest()
+            if self.token
+            else None
+        )
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._headers], client_max_size=64 * 1024)
+        app.add_routes(
+            [
+                web.get("/", self.overview),
+                web.get("/channel/{name}", self.channel),
+                web.get("/work/{id:[0-9]{1,18}}", self.work),
+                web.get("/dead", self.dead),
+                web.post("/login", self.login),
+                web.post("/logout", self.logout),
+                web.post("/work/{id:[0-9]{1,18}}/redrive", self.redrive),
+                web.post("/channel/{name}/pause", self.pause),
+                web.post("/channel/{name}/resume", self.resume),
+            ]
+        )
+        return app
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _headers(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            resp = await handler(request)
+        except web.HTTPException as e:  # errors and redirects: raised, with the same headers
+            self._finish(request, e)
+            raise
+        self._finish(request, resp)
+        return resp
+
+    @staticmethod
+    def _finish(request: web.Request, resp: web.StreamResponse) -> None:
+        resp.headers.update(HEADERS)
+        if CSRF_COOKIE not in request.cookies:
+            resp.set_cookie(
+                CSRF_COOKIE,
+                request.get(NEW_CSRF) or secrets.token_urlsafe(32),
+                httponly=True,
+                samesite="Strict",
+                path="/",
+            )
+
+    def _csrf(self, request: web.Request) -> str:
+        """The CSRF token for this browser: its cookie's, or a new one (set on the response)."""
+        token = request.cookies.get(CSRF_COOKIE)
+        if not token:
+            token = request.get(NEW_CSRF) or secrets.token_urlsafe(32)
+            request[NEW_CSRF] = token
+        return token
+
+    def _signed_in(self, request: web.Request) -> bool:
+        got = request.cookies.get(AUTH_COOKIE, "")
+        return self._auth is not None and hmac.compare_digest(got, self._auth)
+
+    def _personal(self, value: str | None) -> str:
+        return _e(personal_as(value, self.redact) if value is not None else None)
+
+    def _page(self, request: web.Request, title: str, body: str, status: int = 200) -> web.Response:
+        csrf = self._csrf(request)
+        if self.token is None:
+            who = '<span class="note">actions off (no web.token)</span>'
+        elif self._signed_in(request):
+            who = (
+                f'<form class="inline" method="post" action="/logout">'
+                f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+                f"<button>sign out</button></form>"
+            )
+        else:
+            who = (
+                f'<form class="inline" method="post" action="/login">'
+                f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+                f'<input type="password" name="token" placeholder="web.token" required> '
+                f"<button>sign in for actions</button></form>"
+            )
+        html = (
+            "<!doctype html><html lang=en><head><meta charset=utf-8>"
+            f"<title>{_e(title)} · pgwork</title><style>{STYLE}</style></head><body>"
+            f'<header><a href="/">pgwork</a><a href="/dead">dead letters</a>'
+            f'<span style="float:right">{who}</span></header>'
+            f"<main><h1>{_e(title)}</h1>{body}</main>"
+            f'<footer class="note" style="padding:0 1.2em">pgwork {_e(__version__)}</footer>'
+            "</body></html>"
+        )
+        return web.Response(text=html, content_type="text/html", status=status)
+
+    def _action_form(
+        self, request: web.Request, path: str, label: str, reason: bool = False
+    ) -> str:
+        if not self._signed_in(request):
+            return ""
+        extra = '<input name="reason" placeholder="reason" maxlength="200"> ' if reason else ""
+        return (
+            f'<form class="inline" method="post" action="{_e(path)}">'
+            f'<input type="hidden" name="csrf" value="{_e(self._csrf(request))}">'
+            f"{extra}<button>{_e(label)}</button></form>"
+        )
+
+    async def _checked_post(self, request: web.Request) -> dict[str, str]:
+        """The form of an action, refused unless its CSRF token matches this browser's cookie
+        and the request comes from this page (Origin, when the browser sends it)."""
+        form = await request.post()
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        sent = str(form.get("csrf", ""))
+        if not cookie or not hmac.compare_digest(cookie, sent):
+            raise web.HTTPForbidden(text="pgwork: the form's CSRF token does not match")
+        origin = request.headers.get("Origin")
+        if origin not in (None, "null") and origin != f"{request.scheme}://{request.host}":
+            raise web.HTTPForbidden(text="pgwork: a form from another origin")
+        return {k: str(v) for k, v in form.items()}
+
+    async def _action(self, request: web.Request) -> dict[str, str]:
+        form = await self._checked_post(request)
+        if self.token is None:
+            raise web.HTTPForbidden(text="pgwork: actions are off (no web.token is configured)")
+        if not self._signed_in(request):
+            raise web.HTTPForbidden(text="pgwork: sign in with web.token first")
+        return form
+
+    @staticmethod
+    def _actor(request: web.Request) -> str:
+        return f"web@{request.remote or 'unknown'}"
+
+    # -- pages ------------------------------------------------------------------------------
+
+    async def overview(self, request: web.Request) -> web.Response:
+        async with self.pool.connection() as conn:
+            # What the gauges read (each query bounded by live rows or dead letters), and more.
+            reading = await gauges.read(conn)
+            daemons = await store.daemons(conn)
+            mat = await store.materialiser_state(conn)
+        lag, channels, retention = reading.lag, reading.channels, reading.retention
+        counts: dict[str, dict[str, int]] = {}
+        for s in reading.states:
+            counts.setdefault(s.channel, {})[s.status] = s.n
+        rows = []
+        for c in channels:
+            if c.paused:
+                state = f'<span class="bad">PAUSED</span> {_e(c.paused_reason)} ({_e(c.paused_by)})'
+            elif c.throttled:
+                state = f'<span class="bad">THROTTLED</span> {_e(c.throttle_reason)}'
+            else:
+                state = '<span class="ok">running</span>'
+            n = counts.get(c.name, {})
+            action = (
+                self._action_form(request, f"/channel/{c.name}/resume", "resume")
+                if c.paused or c.throttled
+                else self._action_form(request, f"/channel/{c.name}/pause", "pause", reason=True)
+            )
+            rows.append(
+                [
+                    _link(f"/channel/{c.name}", c.name),
+                    _e(c.kind),
+                    state,
+                    _link(f"/channel/{c.name}", n.get("ready", 0), status="ready"),
+                    _link(f"/channel/{c.name}", n.get("claimed", 0), status="claimed"),
+                    _link("/dead", n.get("dead", 0), channel=c.name),
+                    _e(c.next_retry_at),
+                    action,
+                ]
+            )
+        body = (
+            f"<p>lag <b>{lag.lag_seconds:.1f} s</b> · oldest ready {lag.oldest_ready_seconds:.1f} s"
+            f" · not yet materialised {lag.unmaterialised_seconds:.1f} s"
+            f" · materialiser cutoff {_e(mat.last_cutoff)}</p>"
+            "<h2>Channels</h2>"
+            + _table(
+                ["channel", "kind", "state", "ready", "claimed", "dead", "next retry", ""], rows
+            )
+            + "<h2>Daemons</h2>"
+            + _table(
+                ["id", "state", "version", "started", "heartbeat age s", "listener", "metrics"],
+                [
+                    [
+                        _e(d.id),
+                        '<span class="bad">GONE</span>' if d.gone else "running",
+                        _e(d.version),
+                        _e(d.started_at),
+                        _e(round(d.heartbeat_age_seconds, 1)),
+                        "off" if d.listener_up is None else ("up" if d.listener_up else "DOWN"),
+                        _e(d.metrics_at),
+                    ]
+                    for d in daemons
+                ],
+            )
+            + "<h2>Retention</h2>"
+            + f"<p>{'<b>PAUSED</b> · ' if retention.paused else ''}last pass "
+            f"{_e(retention.last_pass_at) or 'never'} · deleted {retention.total_deleted} in total"
+            f" · oldest kept {_e(_round(retention.oldest_terminal_age_seconds))} s</p>"
+        )
+        return self._page(request, "Overview", body)
+
+    async def channel(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        status = request.query.get("status", "")
+        statuses = [status] if status in ("ready", "claimed") else ["ready", "claimed"]
+        after = None
+        if request.query.get("after_id"):
+            try:
+                after = (
+                    request.query.get("after_source", ""),
+                    datetime.fromisoformat(request.query["after_at"]),
+                    int(request.query["after_id"]),
+                )
+            except (KeyError, ValueError):
+                raise web.HTTPBadRequest(text="pgwork: a malformed page link") from None
+        async with self.pool.connection() as conn:
+            got = await store.live_page(
+                conn, channel=name, statuses=statuses, after=after, limit=PAGE
+            )
+        table = _table(
+            [
+                "id",
+                "status",
+                "source",
+                "business key",
+                "due",
+                "available",
+                "attempts",
+                "last error",
+            ],
+            [
+                [
+                    _link(f"/work/{r['id']}", r["id"]),
+                    _e(r["status"]),
+                    _e(r["source"]),
+                    self._personal(r["business_key"]),
+                    _e(r["due_at"]),
+                    _e(r["available_at"]),
+                    _e(r["attempts"] - r["attempts_base"]),
+                    _e(r["last_error"]),
+                ]
+                for r in got
+            ],
+        )
+        more = ""
+        if len(got) == PAGE:
+            last = got[-1]
+            more = _link(
+                f"/channel/{name}",
+                "next page →",
+                status=status,
+                after_source=last["source"],
+                after_at=last["available_at"].isoformat(),
+                after_id=last["id"],
+            )
+        tabs = (
+            " · ".join(
+                _link(f"/channel/{name}", label, status=s)
+                for s, label in (("", "live"), ("ready", "ready"), ("claimed", "claimed"))
+            )
+            + " · "
+            + _link("/dead", "dead", channel=name)
+        )
+        return self._page(request, f"Channel {name}", f"<p>{tabs}</p>{table}<p>{more}</p>")
+
+    async def work(self, request: web.Request) -> web.Response:
+        work_id = int(request.match_info["id"])
+        async with self.pool.connection() as conn:
+            got = await store.work_get(conn, id=work_id)
+            attempts = await store.work_attempts(conn, id=work_id) if got else []
+        if not got:
+            return self._page(request, f"Work {work_id}", "<p>No such work row.</p>", status=404)
+        w = got[0]
+        fields = [
+            ("status", _e(w["status"])),
+            ("channel", _link(f"/channel/{w['channel']}", w["channel"])),
+            ("source", _e(w["source"])),
+            ("business key", self._personal(w["business_key"])),
+            ("recipient", self._personal(w["recipient"])),
+            ("deadline", _e(w["deadline"])),
+            ("occurrence", _e(w["occurrence"])),
+            ("due", _e(w["due_at"])),
+            ("operation id", f"<code>{_e(w['operation_id'])}</code>"),
+            ("attempts", _e(w["attempts"] - w["attempts_base"])),
+            ("dead reason", _e(w["dead_reason"])),
+            ("last error", _e(w["last_error"])),
+            (
+                "redriven",
+                _e(w["redriven_at"]) + (f" by {_e(w['redriven_by'])}" if w["redriven_by"] else ""),
+            ),
+            (
+                "payload",
+                f"<code>{_e(json.dumps(w['payload'], ensure_ascii=False))}</code>"
+                if self.redact == "none"
+                else "(redacted)",
+            ),
+        ]
+        action = (
+            self._action_form(request, f"/work/{work_id}/redrive", "redrive")
+            if w["status"] == "dead"
+            else ""
+        )
+        ledger = _table(
+            ["lease", "attempt", "outcome", "daemon", "started", "finished", "HTTP", "error"],
+            [
+                [
+                    _e(a["lease"]),
+                    _e(a["attempt"]),
+                    _e(a["outcome"]),
+                    _e(a["daemon_id"]),
+                    _e(a["started_at"]),
+                    _e(a["finished_at"]),
+                    _e(a["http_status"]),
+                    _e(a["error"]),
+                ]
+                for a in attempts
+            ],
+        )
+        body = (
+            "<table>"
+            + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in fields)
+            + "</table>"
+            + f"<p>{action}</p><h2>Attempts</h2>{ledger}"
+        )
+        return self._page(request, f"Work {work_id}", body)
+
+    async def dead(self, request: web.Request) -> web.Response:
+        q = request.query
+        channel = q.get("channel") or None
+        source = q.get("source") or None
+        reason = q.get("reason") or None
+        before = None
+        if q.get("before_id"):
+            try:
+                before = (datetime.fromisoformat(q["before_at"]), int(q["before_id"]))
+            except (KeyError, ValueError):
+                raise web.HTTPBadRequest(text="pgwork: a malformed page link") from None
+        async with self.pool.connection() as conn:
+            got = await store.dead_page(
+                conn,
+                channel=channel,
+                source=source,
+                reason_like=f"%{reason}%" if reason else None,
+                before=before,
+                limit=PAGE,
+            )
+        filters = (
+            '<form method="get" action="/dead">'
+            f'<input name="channel" placeholder="channel" value="{_e(channel)}"> '
+            f'<input name="source" placeholder="source" value="{_e(source)}"> '
+            f'<input name="reason" placeholder="reason contains" value="{_e(reason)}"> '
+            "<button>filter</button></form>"
+        )
+        table = _table(
+            [
+                "id",
+                "channel",
+                "source",
+                "business key",
+                "due",
+                "dead since",
+                "attempts",
+                "reason",
+                "",
+            ],
+            [
+                [
+                    _link(f"/work/{r['id']}", r["id"]),
+                    _link(f"/channel/{r['channel']}", r["channel"]),
+                    _e(r["source"]),
+                    self._personal(r["business_key"]),
+                    _e(r["due_at"]),
+                    _e(r["finished_at"]),
+                    _e(r["attempts"] - r["attempts_base"]),
+                    _e(r["dead_reason"]),
+                    self._action_form(request, f"/work/{r['id']}/redrive", "redrive"),
+                ]
+                for r in got
+            ],
+        )
+        more = ""
+        if len(got) == PAGE:
+            last = got[-1]
+            more = _link(
+                "/dead",
+                "next page →",
+                channel=channel,
+                source=source,
+                reason=reason,
+                before_at=last["finished_at"].isoformat(),
+                before_id=last["id"],
+            )
+        return self._page(request, "Dead letters", f"{filters}{table}<p>{more}</p>")
+
+    # -- sign-in and actions ----------------------------------------------------------------
+
+    async def login(self, request: web.Request) -> web.Response:
+        form = await self._checked_post(request)
+        if self.token is None or self._auth is None:
+            raise web.HTTPForbidden(text="pgwork: actions are off (no web.token is configured)")
+        if not hmac.compare_digest(form.get("token", "").encode(), self.token.encode()):
+            log.warning("web: a sign-in with a wrong token", extra={"remote": request.remote})
+            raise web.HTTPForbidden(text="pgwork: wrong token")
+        resp = web.HTTPSeeOther(request.headers.get("Referer") or "/")
+        resp.set_cookie(AUTH_COOKIE, self._auth, httponly=True, samesite="Strict", path="/")
+        raise resp
+
+    async def logout(self, request: web.Request) -> web.Response:
+        await self._checked_post(request)
+        resp = web.HTTPSeeOther("/")
+        resp.del_cookie(AUTH_COOKIE, path="/")
+        raise resp
+
+    async def redrive(self, request: web.Request) -> web.Response:
+        await self._action(request)
+        work_id = int(request.match_info["id"])
+        actor = self._actor(request)
+        async with self.pool.connection() as conn:
+            got = await store.dlq_redrive(
+                conn, all=False, ids=[work_id], channel=None, operator=actor
+            )
+        verdict = got[0].verdict if got else "not a dead letter"
+        log.info(
+            "web: redrive of work %s: %s",
+            work_id,
+            verdict,
+            extra={"work_id": work_id, "actor": actor},
+        )
+        if verdict != "ok":
+            raise web.HTTPConflict(text=f"pgwork: not redriven: work {work_id} is {verdict}")
+        raise web.HTTPSeeOther(f"/work/{work_id}")
+
+    async def pause(self, request: web.Request) -> web.Response:
+        form = await self._action(request)
+        name = request.match_info["name"]
+        actor = self._actor(request)
+        reason = form.get("reason", "").strip()[:200] or None
+        async with self.pool.connection() as conn:
+            await self._channel_known(conn, name)
+            await store.channel_pause(conn, channel=name, reason=reason, actor=actor)
+        log.info("web: paused channel %s", name, extra={"channel": name, "actor": actor})
+        raise web.HTTPSeeOther("/")
+
+    async def resume(self, request: web.Request) -> web.Response:
+        await self._action(request)
+        name = request.match_info["name"]
+        actor = self._actor(request)
+        async with self.pool.connection() as conn:
+            await self._channel_known(conn, name)
+            await store.channel_resume(conn, channel=name, actor=actor)
+        log.info("web: resumed channel %s", name, extra={"channel": name, "actor": actor})
+        raise web.HTTPSeeOther("/")
+
+    @staticmethod
+    async def _channel_known(conn: AsyncConnection[Any], name: str) -> None:
+        if name not in {c.name for c in await store.channel_states(conn)}:
+            raise web.HTTPNotFound(text=f"pgwork: no channel named {name!r}")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+async def serve(
+    pool: Pool, cfg: Config, *, task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve the page on ``web.listen`` until cancelled; ``task_status`` gets HOST:PORT."""
+    parsed = listen_ports(cfg.web_listen)
+    if parsed is None:
+        raise ConfigError(f"web.listen: not HOST:PORT (got {cfg.web_listen!r})")
+    host, ports = parsed
+    runner = web.AppRunner(WebApp(pool, cfg).app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        error: Exception | None = None
+        for port in ports:
+            site = web.TCPSite(runner, host or "127.0.0.1", port)
+            try:
+                await site.start()
+            except OSError as e:
+                error = e
+                continue
+            server = site._server
+            sockets = getattr(server, "sockets", None) or []
+            at = f"{host or '127.0.0.1'}:{sockets[0].getsockname()[1] if sockets else port}"
+            log.info("web page on http://%s/", at, extra={"web_at": at})
+            task_status.started(at)
+            await anyio.sleep_forever()
+        raise ConfigError(f"web.listen: cannot serve on {cfg.web_listen!r}: {error}")
+    finally:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()

@@ -1,0 +1,343 @@
+"""`pgwork web`: the operator's page against a real database with rows in every state, loaded in
+a real headless Chromium (DOM assertions, screenshots) and driven over real HTTP for the action
+checks (token, CSRF)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import psycopg
+import pytest
+
+from pgwork import db, web
+
+from .browser import CHROMIUM, Browser
+from .helpers import claim, config, materialise, rows, running
+
+pytestmark = [pytest.mark.anyio]
+
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium (Debian's `chromium`, installed by .ci/run as root)"
+)
+
+TOKEN = "a-test-token-0123456789"
+XSS_KEY = "<script>window.__pwned=1</script>"
+XSS_RECIPIENT = "<img src=x onerror=window.__pwned=2>"
+XSS_PAYLOAD = '{"note": "</code><script>window.__pwned=3</script>"}'
+#: Screenshots go here when set (docs/web for the committed ones); else to the test's tmp dir.
+SHOTS = os.environ.get("PGWORK_WEB_SHOTS")
+
+
+async def _seed(dsn: str, conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    """Rows in every state: ready, claimed, delivered, dead (one with hostile text everywhere
+    another app could write it), a paused channel and a throttled one."""
+    ins = (
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, payload) "
+        "VALUES (%s, %s, now() - interval '1 minute', %s, %s, %s::jsonb)"
+    )
+    for i in range(3):
+        await conn.execute(ins, ("leases", f"lease:{i}", "hook", "ops@example.com", "{}"))
+    for i in range(2):
+        await conn.execute(ins, ("billing", f"invoice:{i}", "test", "bill@example.com", "{}"))
+    await conn.execute(ins, ("leases", XSS_KEY, "hook", XSS_RECIPIENT, XSS_PAYLOAD))
+    await conn.execute(ins, ("leases", "lease:sent", "hook", "ops@example.com", "{}"))
+    await materialise(dsn)
+    await claim(dsn, limit=1)  # one `test` row claimed
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), attempts = 5, "
+        "lease = 5, dead_reason = 'permanent failure: HTTP 400 ' || business_key "
+        "WHERE business_key IN (%s, 'lease:2')",
+        (XSS_KEY,),
+    )
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now(), attempts = 1, "
+        "lease = 1 WHERE business_key = 'lease:sent'"
+    )
+    await conn.execute(
+        "SELECT pgwork.pause_channel('test', '<b>maintenance</b> window', 'ops@example.com')"
+    )
+    await conn.execute(
+        "UPDATE pgwork.channel SET not_before = now() + interval '1 hour', "
+        "throttle_reason = 'HTTP 429 from the receiver' WHERE name = 'log'"
+    )
+    await conn.execute(
+        "INSERT INTO pgwork.attempt (work_id, lease, attempt, daemon_id, host, pid, started_at, "
+        "finished_at, outcome, http_status, error_class, error) "
+        "SELECT id, 5, 5, 'host1:4242:ab12cd', 'host1', 4242, now() - interval '2 s', now(), "
+        "'failed', 400, 'HTTP', 'HTTP 400: ' || business_key "
+        "FROM pgwork.renewal_work WHERE status = 'dead'"
+    )
+    await conn.execute(
+        "INSERT INTO pgwork.daemon (id, host, pid, version, listener_up, metrics_at) "
+        "VALUES ('host1:4242:ab12cd', 'host1', 4242, '0.1.0', true, '127.0.0.1:9464')"
+    )
+    got = await rows(conn, "SELECT business_key, id FROM pgwork.renewal_work")
+    return {r["business_key"]: r["id"] for r in got}
+
+
+@asynccontextmanager
+async def _serving(dsn: str, **cfg: Any) -> AsyncIterator[str]:
+    """The page on a free port, served by the code `pgwork web` runs; stopped on exit."""
+    c = config(web_listen="127.0.0.1:0", **cfg)
+    pool = db.make_pool(dsn, 2, 5.0)
+    async with pool, anyio.create_task_group() as tg:
+        at = await tg.start(web.serve, pool, c)
+        try:
+            yield f"http://{at}"
+        finally:
+            tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _browser() -> AsyncIterator[Browser]:
+    b = Browser()
+    try:
+        await b.open()
+        yield b
+    finally:
+        await b.aclose()
+
+
+def _shot(tmp_path: Path, name: str) -> Path:
+    return (Path(SHOTS) if SHOTS else tmp_path) / f"{name}.png"
+
+
+async def _no_script_ran(b: Browser) -> None:
+    assert await b.eval("document.scripts.length") == 0
+    assert await b.eval("document.images.length") == 0
+    assert await b.eval("typeof window.__pwned") == "undefined"
+
+
+@needs_chromium
+async def test_every_page_shows_each_state_and_runs_no_injected_script(
+    dsn: str, conn: psycopg.AsyncConnection[Any], tmp_path: Path
+) -> None:
+    ids = await _seed(dsn, conn)
+    async with _serving(dsn, web_token=TOKEN) as url, _browser() as b:
+        await b.goto(url + "/")
+        text = await b.text()
+        assert "PAUSED" in text and "<b>maintenance</b> window" in text  # as text, not markup
+        assert "THROTTLED" in text and "HTTP 429 from the receiver" in text
+        assert re.search(r"hook\s+webhook\s+running\s+2\s+0\s+2", text), (
+            text
+        )  # ready, claimed, dead
+        assert re.search(r"test\s+python\s+PAUSED.*\s+1\s+1\s+0", text), text
+        await _no_script_ran(b)
+        await b.screenshot(_shot(tmp_path, "overview"))
+
+        await b.goto(url + "/channel/hook")
+        text = await b.text()
+        assert "lease:0" in text and "lease:1" in text and "lease:sent" not in text
+        await b.screenshot(_shot(tmp_path, "channel"))
+        await b.goto(url + "/channel/test?status=claimed")
+        assert "claimed" in await b.text()
+
+        await b.goto(url + "/dead")
+        text = await b.text()
+        assert XSS_KEY in text and "lease:2" in text  # the hostile key shown as text
+        await _no_script_ran(b)
+        await b.screenshot(_shot(tmp_path, "dead-letters"))
+
+        await b.goto(url + f"/work/{ids[XSS_KEY]}")
+        text = await b.text()
+        assert XSS_KEY in text and XSS_RECIPIENT in text and "window.__pwned=3" in text
+        assert "permanent failure: HTTP 400" in text
+        await _no_script_ran(b)
+        await b.screenshot(_shot(tmp_path, "work"))
+
+
+@needs_chromium
+async def test_a_redrive_through_the_page_needs_the_token(
+    dsn: str, conn: psycopg.AsyncConnection[Any], tmp_path: Path
+) -> None:
+    ids = await _seed(dsn, conn)
+    dead = ids["lease:2"]
+    redrive = f'form[action="/work/{dead}/redrive"]'
+    async with _serving(dsn, web_token=TOKEN) as url, _browser() as b:
+        await b.goto(url + f"/work/{dead}")
+        assert await b.eval(f"document.querySelector('{redrive}') === null")  # signed out
+
+        await b.eval(f"document.querySelector('input[name=token]').value = '{'x' * 23}'")
+        await b.submit('form[action="/login"]')
+        assert "wrong token" in await b.text()
+        await b.goto(url + f"/work/{dead}")
+        assert await b.eval(f"document.querySelector('{redrive}') === null")
+
+        await b.eval(f"document.querySelector('input[name=token]').value = '{TOKEN}'")
+        await b.submit('form[action="/login"]')
+        await b.goto(url + f"/work/{dead}")
+        await b.screenshot(_shot(tmp_path, "work-signed-in"))
+        await b.submit(redrive)
+        text = await b.text()
+        assert re.search(r"status\s+ready", text), text
+        assert "by web@127.0.0.1" in text
+    got = await rows(
+        conn, "SELECT status, redriven_by FROM pgwork.renewal_work WHERE id = %s", (dead,)
+    )
+    assert got == [{"status": "ready", "redriven_by": "web@127.0.0.1"}]
+
+
+def _client() -> aiohttp.ClientSession:
+    """A browser-like client: it keeps cookies, also for 127.0.0.1."""
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+async def _get(s: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with s.get(url) as r:
+        return r.status, await r.text()
+
+
+def _csrf(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, html
+    return m.group(1)
+
+
+async def test_actions_are_refused_without_the_token_or_the_csrf_token(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    ids = await _seed(dsn, conn)
+    dead = ids["lease:2"]
+    async with _serving(dsn, web_token=TOKEN) as url:
+        # A bare POST, as a forged form from another site would be (no cookies).
+        async with aiohttp.ClientSession() as s, s.post(f"{url}/work/{dead}/redrive") as r:
+            assert r.status == 403 and "CSRF" in await r.text()
+        async with _client() as s:
+            _, html = await _get(s, url + "/")
+            csrf = _csrf(html)
+            # A valid CSRF token, not signed in.
+            async with s.post(f"{url}/work/{dead}/redrive", data={"csrf": csrf}) as r:
+                assert r.status == 403 and "sign in" in await r.text()
+            async with s.post(f"{url}/login", data={"csrf": csrf, "token": TOKEN}) as r:
+                assert r.status == 200  # redirected to the overview
+            # Signed in, but the form's CSRF token is not this browser's.
+            async with s.post(f"{url}/work/{dead}/redrive", data={"csrf": "forged"}) as r:
+                assert r.status == 403
+            # Another origin's form, with the right tokens.
+            async with s.post(
+                f"{url}/work/{dead}/redrive",
+                data={"csrf": csrf},
+                headers={"Origin": "http://evil.example"},
+            ) as r:
+                assert r.status == 403 and "origin" in await r.text()
+            async with s.get(f"{url}/work/{dead}/redrive") as r:
+                assert r.status == 405  # POST only
+            assert (
+                await rows(conn, "SELECT status FROM pgwork.renewal_work WHERE id = %s", (dead,))
+            )[0]["status"] == "dead"
+
+            # Pause and resume, recorded like the CLI's: who and when.
+            async with s.post(
+                f"{url}/channel/hook/pause", data={"csrf": csrf, "reason": "receiver migration"}
+            ) as r:
+                assert r.status == 200
+            got = await rows(
+                conn,
+                "SELECT paused, paused_by, paused_reason, paused_at > now() - interval '1 minute' "
+                "AS recent FROM pgwork.channel WHERE name = 'hook'",
+            )
+            assert got == [
+                {
+                    "paused": True,
+                    "paused_by": "web@127.0.0.1",
+                    "paused_reason": "receiver migration",
+                    "recent": True,
+                }
+            ]
+            async with s.post(f"{url}/channel/hook/resume", data={"csrf": csrf}) as r:
+                assert r.status == 200
+            async with s.post(f"{url}/channel/nope/pause", data={"csrf": csrf}) as r:
+                assert r.status == 404
+    assert (await rows(conn, "SELECT paused FROM pgwork.channel WHERE name = 'hook'"))[0] == {
+        "paused": False
+    }
+
+
+async def test_without_a_token_the_page_is_read_only(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    ids = await _seed(dsn, conn)
+    async with _serving(dsn) as url, _client() as s:
+        status, html = await _get(s, f"{url}/work/{ids['lease:2']}")
+        assert status == 200 and "actions off" in html and 'action="/login"' not in html
+        csrf = _csrf(html) if 'name="csrf"' in html else ""
+        async with s.post(f"{url}/login", data={"csrf": csrf, "token": TOKEN}) as r:
+            assert r.status == 403
+
+
+async def test_pages_are_keyset_paged_and_follow_log_redact(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 's' || (g % 3), 'key:' || g, now() - interval '1 minute', 'hook', 'r' "
+        "FROM generate_series(1, 120) g"
+    )
+    await materialise(dsn)
+    seen: list[str] = []
+    async with _serving(dsn, log_redact="hash") as url, _client() as s:
+        next_url: str | None = f"{url}/channel/hook"
+        pages = 0
+        while next_url:
+            status, html = await _get(s, next_url)
+            assert status == 200
+            pages += 1
+            seen += re.findall(r"h:[0-9a-f]{16}", html)
+            assert "key:" not in html  # business keys hashed, as log.redact = hash says
+            m = re.search(r'<a href="([^"]+)">next page', html)
+            next_url = url + m.group(1).replace("&amp;", "&") if m else None
+        status, html = await _get(s, f"{url}/channel/hook?after_id=1&after_at=yesterday")
+        assert status == 400
+    assert pages == 3 and len(seen) == 120 and len(set(seen)) == 120
+
+
+async def test_the_daemon_serves_the_page_when_web_enabled(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await _seed(dsn, conn)
+    cfg = config(web_enabled=True, web_listen="127.0.0.1:0")
+    async with running(cfg, dsn) as d, _client() as s:
+        assert d.web_at is not None
+        status, html = await _get(s, f"http://{d.web_at}/")
+        assert status == 200 and 'href="/channel/hook"' in html
+        assert d.daemon_id in html  # the daemon itself, listed as running
+
+
+def test_pgwork_web_serves_until_sigterm(dsn: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "pgwork", "web", "--listen", f"127.0.0.1:{port}"],
+        env={**env, "PGWORK_DSN": dsn, "PGWORK_WEB_TOKEN": TOKEN},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stderr is not None
+        line = p.stderr.readline()
+        while line and "pgwork web on" not in line:
+            line = p.stderr.readline()
+        assert f"pgwork web on http://127.0.0.1:{port}/ (actions need web.token)" in line, line
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200 and b"Overview" in r.read()
+            assert "script-src" not in r.headers["Content-Security-Policy"]
+            assert "default-src 'none'" in r.headers["Content-Security-Policy"]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+        if p.stderr is not None:
+            p.stderr.close()
