@@ -324,15 +324,6 @@ def cmd_web(args: argparse.Namespace, cfg: Config) -> int:
     database = Database(cfg)
 
     async def main() -> None:
-        try:
-            async with await db.connect(database.dsn, timeout=5, pooled=database.pooled) as conn:
-                await db.check_schema(conn)
-        except psycopg.OperationalError as e:
-            raise CliError(
-                f"cannot connect to the database ({db.describe(database.dsn)}): "
-                f"{db.redact(str(e)).strip().splitlines()[0]}",
-                3,
-            ) from None
         pool = db.make_pool(database.dsn, 2, cfg.connect_timeout, pooled=database.pooled)
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with pool, anyio.create_task_group() as tg:
@@ -344,6 +335,7 @@ def cmd_web(args: argparse.Namespace, cfg: Config) -> int:
                     break
 
     try:
+        _with_conn(database.dsn, db.check_schema, database.pooled)  # a clear error, exit 3 or 2
         anyio.run(main)
     finally:
         database.close()

@@ -574,9 +574,7 @@ async def serve(
             except OSError as e:
                 error = e
                 continue
-            server = site._server
-            sockets = getattr(server, "sockets", None) or []
-            at = f"{host or '127.0.0.1'}:{sockets[0].getsockname()[1] if sockets else port}"
+            at = f"{host or '127.0.0.1'}:{runner.addresses[-1][1]}"
             log.info("web page on http://%s/", at, extra={"web_at": at})
             task_status.started(at)
             await anyio.sleep_forever()
