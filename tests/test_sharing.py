@@ -250,3 +250,15 @@ def test_daemons_on_one_host_share_a_config_and_serve_metrics_on_their_own_ports
     for a in at:
         with urllib.request.urlopen(f"http://{a}/metrics", timeout=5) as resp:
             assert b"pgwork_lag_seconds" in resp.read()
+
+
+async def test_three_flooding_sources_share_one_batch(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Three sources, each with more than its share: the shares add up to more than the batch
+    (3 x 34 > 100), and the batch is cut at 100, evenly."""
+    for source in ("a", "b", "c"):
+        await _flood(conn, source, 200, "now() - interval '1 hour'")
+    await materialise(dsn)
+    got = Counter(r["source"] for r in await claim(dsn, limit=100))
+    assert sum(got.values()) == 100 and min(got.values()) >= 33, got

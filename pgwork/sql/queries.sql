@@ -311,7 +311,8 @@ WITH gate AS MATERIALIZED (
               AND w.status IN ('ready', 'claimed') AND w.available_at <= now()
               AND (w.available_at, w.id) > (e.available_at, e.id)
             ORDER BY w.available_at, w.id
-            LIMIT (SELECT budget FROM share) - (SELECT count(*) FROM head)
+            -- Never negative: the heads may overshoot the budget (each share is rounded up).
+            LIMIT greatest(0, (SELECT budget FROM share) - (SELECT count(*) FROM head))
               FOR UPDATE SKIP LOCKED) AS t
      WHERE e.filled AND (SELECT budget FROM share) > (SELECT count(*) FROM head)
 ), candidate AS MATERIALIZED (
