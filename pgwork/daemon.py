@@ -162,7 +162,14 @@ class Daemon:
             tracer=Tracer(self.tracer_provider) if cfg.tracing_enabled else None,
         )
         materialiser = Materialiser(
-            pool, sup, work_made, tick=cfg.tick, lookahead=cfg.lookahead, page_size=cfg.page_size
+            pool,
+            sup,
+            work_made,
+            tick=cfg.tick,
+            lookahead=cfg.lookahead,
+            page_size=cfg.page_size,
+            claimers=deliveries.workers,
+            origin=self.daemon_id,
         )
         listen_dsn = self.listen_dsn
         listener = Listener(
@@ -172,6 +179,7 @@ class Daemon:
             work_made,
             connect_timeout=cfg.connect_timeout,
             gate_changed=deliveries.gate_changed,
+            origin=self.daemon_id,
         )
         heartbeat = Heartbeat(
             pool,

@@ -139,16 +139,21 @@ async def materialise_page(
     after_at: datetime | None,
     after_id: int,
     limit: int,
-) -> Page | None:
-    """One page in its own transaction: materialise_lock, then materialise_page, sent together
-    in one round trip (the page reads the lock's result from a transaction-local setting).
-    None when another materialiser holds the lock."""
+    origin: str = "",
+    claims: Sequence[ClaimRequest] = (),
+) -> tuple[Page | None, list[list[Claimed]]]:
+    """One page in its own transaction: materialise_lock, then materialise_page, then each of
+    ``claims`` (claim_work, which sees the rows the page just made), sent together in one round
+    trip (the page reads the lock's result from a transaction-local setting). The page is None
+    when another materialiser holds the lock (the claims ran all the same). ``origin`` is the
+    payload of the page's NOTIFY (a daemon's listener skips its own: its workers were told)."""
     params = {
         "cutoff": cutoff,
         "lookahead": lookahead,
         "after_at": after_at,
         "after_id": after_id,
         "limit": limit,
+        "origin": origin,
     }
     async with conn.pipeline():
         async with conn.transaction():
@@ -156,12 +161,20 @@ async def materialise_page(
             await lock.execute(Q["materialise_lock"], {"coordinate": coordinate})
             page = conn.cursor(row_factory=class_row(Page))
             await page.execute(Q["materialise_page"], params)
+            claimed = []
+            for req in claims:
+                if req.lock_channel:
+                    await conn.execute(Q["channel_lock"], {"channel": req.channel})
+                cur = conn.cursor(row_factory=class_row(Claimed))
+                await cur.execute(Q["claim_work"], req.params())
+                claimed.append(cur)
         got = await lock.fetchone()
         result = await page.fetchone()
+        rows = [await cur.fetchall() for cur in claimed]
     if got is None or not got.got:
-        return None
+        return None, rows
     assert result is not None
-    return result
+    return result, rows
 
 
 async def materialise_record_pass(
@@ -381,34 +394,39 @@ class Claimed(Occurrence):
     tracestate: str | None = None
 
 
-async def claim_work(
-    conn: Conn,
-    *,
-    channel: str,
-    limit: int,
-    max_attempts: int,
-    lease: timedelta,
-    daemon_id: str,
-    expire_after: timedelta | None = None,
-    lock_channel: bool = False,
-) -> list[Claimed]:
-    """Claim up to ``limit`` rows the channel's gate allows. ``lock_channel`` (a channel with a
-    rate limit or a global concurrency): channel_lock first, in the same transaction and round
-    trip, so that claims of several daemons count each other's rows."""
-    params = {
-        "channel": channel,
-        "limit": limit,
-        "max_attempts": max_attempts,
-        "lease": lease,
-        "daemon_id": daemon_id,
-        "expire_after": expire_after,
-    }
-    if not lock_channel:
-        return await _rows(conn, "claim_work", Claimed, params)
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One channel's claim: up to ``limit`` rows the channel's gate allows. ``lock_channel`` (a
+    channel with a rate limit or a global concurrency): channel_lock runs first, in the same
+    transaction, so that claims of several daemons count each other's rows."""
+
+    channel: str
+    limit: int
+    max_attempts: int
+    lease: timedelta
+    daemon_id: str
+    expire_after: timedelta | None = None
+    lock_channel: bool = False
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "channel": self.channel,
+            "limit": self.limit,
+            "max_attempts": self.max_attempts,
+            "lease": self.lease,
+            "daemon_id": self.daemon_id,
+            "expire_after": self.expire_after,
+        }
+
+
+async def claim_work(conn: Conn, req: ClaimRequest) -> list[Claimed]:
+    """claim_work on its own (with channel_lock in the same transaction and round trip)."""
+    if not req.lock_channel:
+        return await _rows(conn, "claim_work", Claimed, req.params())
     async with conn.pipeline(), conn.transaction():
-        await conn.execute(Q["channel_lock"], {"channel": channel})
+        await conn.execute(Q["channel_lock"], {"channel": req.channel})
         cur = conn.cursor(row_factory=class_row(Claimed))
-        await cur.execute(Q["claim_work"], params)
+        await cur.execute(Q["claim_work"], req.params())
     return await cur.fetchall()
 
 

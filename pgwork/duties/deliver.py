@@ -117,8 +117,11 @@ class ChannelWorker:
         self._stopping = False
         #: Consecutive claims that got nothing while a row was due (see claim_step).
         self._due_unclaimed = 0
-        #: A claim statement is under way: a stop waits for it, then gives back its rows.
-        self.claiming = False
+        #: Claim statements under way (this loop's, or the materialiser's for this channel): a
+        #: stop waits for them, then gives back their rows.
+        self.claiming = 0
+        #: Room promised to the materialiser's claim under way (see page_claim).
+        self._reserved = 0
         #: Attempts under way and when each must end (see _reap).
         self._attempts: dict[anyio.CancelScope, float] = {}
         #: The channel's gate as last seen (see _apply_gate): paused; no delivery starts before
@@ -182,18 +185,62 @@ class ChannelWorker:
     def close(self) -> None:
         self.stop_taking()
 
+    def _request(self, limit: int) -> store.ClaimRequest:
+        return store.ClaimRequest(
+            channel=self.name,
+            limit=limit,
+            max_attempts=self.policy.max_attempts,
+            lease=self.lease,
+            daemon_id=self.daemon_id,
+            expire_after=self.expire_after,
+            lock_channel=self.lock_channel,
+        )
+
     async def _claim(self, limit: int) -> list[store.Claimed]:
         async with self.pool.connection() as conn:
-            return await store.claim_work(
-                conn,
-                channel=self.name,
-                limit=limit,
-                max_attempts=self.policy.max_attempts,
-                lease=self.lease,
-                daemon_id=self.daemon_id,
-                expire_after=self.expire_after,
-                lock_channel=self.lock_channel,
-            )
+            return await store.claim_work(conn, self._request(limit))
+
+    def _room(self) -> int:
+        """How many rows a claim may take now (at most one batch); 0: too few to be worth a
+        claim (settling rows wakes the loop)."""
+        if self._delivery_s is not None:
+            ahead = self.concurrency * self.PREFETCH_S / max(self._delivery_s, 1e-6)
+            self.max_held = self.concurrency + max(1, min(math.ceil(ahead), 2 * self.claim_batch))
+        free = self.max_held - self.held - self._reserved
+        if free < max(1, min(self.claim_batch, self.max_held) // 2):
+            return 0
+        return min(free, self.claim_batch)
+
+    def page_claim(self) -> store.ClaimRequest | None:
+        """A claim for the materialiser to run in its page's transaction, right after the page
+        (one hop from the app's INSERT to a delivery), or None when this channel should not
+        take rows now: stopping, paused, held, its gate not read yet, its own claim under way,
+        or no room. The room it asks for is reserved until ``page_claimed``."""
+        if (
+            self._stopping
+            or self._closed
+            or self.paused
+            or self._gate_stale
+            or self.claiming
+            or self._hold_until > time.monotonic()
+        ):
+            return None
+        limit = self._room()
+        if not limit:
+            return None
+        self.claiming += 1
+        self._reserved += limit
+        return self._request(limit)
+
+    def page_claimed(
+        self, request: store.ClaimRequest, rows: list[store.Claimed] | None, t_claim: float
+    ) -> None:
+        """The materialiser's claim for this channel committed with ``rows`` (None: it failed,
+        nothing was claimed)."""
+        self.claiming -= 1
+        self._reserved -= request.limit
+        if rows is not None:
+            self._take(rows, t_claim)
 
     def gate_changed(self) -> None:
         """The channel was paused, resumed or throttled (a NOTIFY): read its gate again."""
@@ -248,19 +295,51 @@ class ChannelWorker:
             await self._apply_gate(await self._read_gate())
             if self.paused:
                 return Next(self.tick, "paused")  # a resume NOTIFY wakes us sooner
-        if self._delivery_s is not None:
-            ahead = self.concurrency * self.PREFETCH_S / max(self._delivery_s, 1e-6)
-            self.max_held = self.concurrency + max(1, min(math.ceil(ahead), 2 * self.claim_batch))
-        free = self.max_held - self.held
-        if free < max(1, min(self.claim_batch, self.max_held) // 2):
+        limit = self._room()
+        if not limit:
             return Next(math.inf, "slot")  # settling rows wakes us
-        limit = min(free, self.claim_batch)
-        self.claiming = True
+        self.claiming += 1
         t_claim = time.monotonic()
         try:
             rows = await self._claim(limit)
         finally:
-            self.claiming = False
+            self.claiming -= 1
+        self._take(rows, t_claim)
+        if self._stopping:
+            return Next(math.inf, "stopped")
+        if len(rows) == limit:
+            return Next(0, "more")
+        # Only now, with the rows handed to the workers: when is the next row claimable? Asked
+        # of the database's clock, so a host clock that is off cannot make the loop spin.
+        gate = await self._read_gate()
+        await self._apply_gate(gate)
+        wait = gate.wait_s
+        if gate.paused:
+            return Next(self.tick, "paused")
+        if wait is None:
+            return Next(self.tick, "tick")
+        # The gate may keep a claimable row waiting: a throttle, the rate limit's tokens, a
+        # global concurrency reached (another daemon's outcome frees a slot: look again soon).
+        wait = max(
+            wait,
+            gate.hold_s or 0.0,
+            gate.tokens_s or 0.0,
+            self.FULL_POLL if gate.full else 0.0,
+        )
+        if not rows and wait <= 0:
+            # Nothing claimed, yet something is due now. Once, that is a row that became due
+            # between the claim and this question: claim again at once. Twice in a row, it is a
+            # row locked by another transaction: look again soon, not at once.
+            self._due_unclaimed += 1
+            if self._due_unclaimed > 1:
+                wait = self.EMPTY_PASS_FLOOR
+        else:
+            self._due_unclaimed = 0
+        return Next(max(0.0, min(self.tick, wait)), "timer" if wait < self.tick else "tick")
+
+    def _take(self, rows: list[store.Claimed], t_claim: float) -> None:
+        """Queue what a claim returned (rows closed at the claim are counted and logged) and wake
+        as many idle workers as it brought rows."""
         taken = 0
         for row in rows:
             if row.prev_status == "claimed":
@@ -299,37 +378,6 @@ class ChannelWorker:
         self._m_held.set(self.held)
         for _ in range(min(taken, len(self._idle))):
             self._idle.pop().set()
-        if self._stopping:
-            return Next(math.inf, "stopped")
-        if len(rows) == limit:
-            return Next(0, "more")
-        # Only now, with the rows handed to the workers: when is the next row claimable? Asked
-        # of the database's clock, so a host clock that is off cannot make the loop spin.
-        gate = await self._read_gate()
-        await self._apply_gate(gate)
-        wait = gate.wait_s
-        if gate.paused:
-            return Next(self.tick, "paused")
-        if wait is None:
-            return Next(self.tick, "tick")
-        # The gate may keep a claimable row waiting: a throttle, the rate limit's tokens, a
-        # global concurrency reached (another daemon's outcome frees a slot: look again soon).
-        wait = max(
-            wait,
-            gate.hold_s or 0.0,
-            gate.tokens_s or 0.0,
-            self.FULL_POLL if gate.full else 0.0,
-        )
-        if not rows and wait <= 0:
-            # Nothing claimed, yet something is due now. Once, that is a row that became due
-            # between the claim and this question: claim again at once. Twice in a row, it is a
-            # row locked by another transaction: look again soon, not at once.
-            self._due_unclaimed += 1
-            if self._due_unclaimed > 1:
-                wait = self.EMPTY_PASS_FLOOR
-        else:
-            self._due_unclaimed = 0
-        return Next(max(0.0, min(self.tick, wait)), "timer" if wait < self.tick else "tick")
 
     async def _worker(self) -> None:
         done = 0

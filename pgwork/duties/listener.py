@@ -44,6 +44,9 @@ class Listener:
     connect_timeout: float = 5.0
     #: Called with a delivery channel's name when its gate changed; None: any may have.
     gate_changed: Callable[[str | None], None] = lambda _: None
+    #: This daemon's id: rows its own materialiser made (the NOTIFY's payload) woke its
+    #: workers already.
+    origin: str = ""
     up: bool = field(default=False, init=False)
     _first: anyio.Event = field(default_factory=anyio.Event, init=False)
 
@@ -104,7 +107,7 @@ class Listener:
                     self.materialiser.wake("notify")
                 elif n.channel == GATE_CHANNEL:
                     self.gate_changed(n.payload)
-                else:
+                elif not (self.origin and n.payload == self.origin):
                     self.workers.wake("notify")
             if not got:
                 # Silence: make sure the connection is still alive.

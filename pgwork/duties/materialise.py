@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
+import psycopg
 from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -26,6 +28,19 @@ BUSY_RETRY = 0.05
 LOCKED_RETRY = 0.5
 #: A reminder locked (or a coordination lock held) longer than this is named in a warning.
 LOCKED_WARNING = 10.0
+#: After a page with claims failed, pages run without claims for this long, seconds: a claim
+#: that keeps failing must not hold up materialisation (the claim loops still claim).
+CLAIMS_OFF_AFTER_FAILURE = 60.0
+
+
+class PageClaimer(Protocol):
+    """A delivery channel that takes rows in the page's transaction (see ``run_once``)."""
+
+    def page_claim(self) -> store.ClaimRequest | None: ...
+
+    def page_claimed(
+        self, request: store.ClaimRequest, rows: list[store.Claimed] | None, t_claim: float
+    ) -> None: ...
 
 
 class Stalls:
@@ -108,6 +123,8 @@ async def run_once(
     coordinate: bool = True,
     on_made: Callable[[], None] | None = None,
     progress: Callable[[], None] | None = None,
+    claimers: Sequence[PageClaimer] = (),
+    origin: str = "",
 ) -> PassResult | None:
     """One complete pass: every occurrence firing at or before the cutoff gets its work row,
     except for reminders an app holds locked right now (the result says so; the next pass takes
@@ -118,6 +135,11 @@ async def run_once(
     lock instead: correctness never depends on it (tests use that to race two passes). ``on_made``
     is called as soon as a page that made rows has committed: local workers claim the ones due now
     at once and set their timers for the others. ``progress`` is called after every page (health).
+
+    One hop for work due now: the first page's transaction also runs a claim for each of
+    ``claimers`` that has room, after the page, so a reminder written due now is claimed by the
+    statement batch that makes its work row, and handed to a worker before the pass goes on.
+    ``origin`` names this daemon in the page's NOTIFY.
     """
     t0 = time.monotonic()
     after_at: datetime | None = None
@@ -126,15 +148,28 @@ async def run_once(
     longest = 0.0
     while True:
         p0 = time.monotonic()
-        page = await store.materialise_page(
-            conn,
-            coordinate=coordinate,
-            cutoff=cutoff,
-            lookahead=timedelta(seconds=lookahead),
-            after_at=after_at,
-            after_id=after_id,
-            limit=page_size,
-        )
+        asked = [(c, req) for c in (claimers if pages == 0 else ()) if (req := c.page_claim())]
+        try:
+            page, claimed = await store.materialise_page(
+                conn,
+                coordinate=coordinate,
+                cutoff=cutoff,
+                lookahead=timedelta(seconds=lookahead),
+                after_at=after_at,
+                after_id=after_id,
+                limit=page_size,
+                origin=origin,
+                claims=[req for _, req in asked],
+            )
+        except BaseException:
+            for c, req in asked:
+                c.page_claimed(req, None, p0)
+            raise
+        if asked:
+            for (c, req), rows in zip(asked, claimed, strict=True):
+                c.page_claimed(req, rows, p0)
+            # Let the woken workers start their rows before this pass goes on.
+            await anyio.lowlevel.checkpoint()
         if page is None:
             return None
         cutoff = page.cutoff
@@ -205,19 +240,39 @@ class Materialiser:
     tick: float
     lookahead: float
     page_size: int
+    #: The delivery channels that claim in the first page's transaction (see run_once).
+    claimers: Sequence[PageClaimer] = ()
+    #: This daemon's id, the payload of the pages' NOTIFY.
+    origin: str = ""
     waker: Waker = field(default_factory=Waker)
     stalls: Stalls = field(default_factory=Stalls)
+    _claims_off_until: float = field(default=0.0, init=False)
 
     async def step(self) -> Next:
         m = self.sup.metrics
-        async with self.pool.connection() as conn:
-            res = await run_once(
-                conn,
-                lookahead=self.lookahead,
-                page_size=self.page_size,
-                on_made=lambda: self.work_made.wake("local"),
-                progress=lambda: self.sup.health.progress("materialiser"),
-            )
+        claimers = self.claimers if time.monotonic() >= self._claims_off_until else ()
+        try:
+            async with self.pool.connection() as conn:
+                res = await run_once(
+                    conn,
+                    lookahead=self.lookahead,
+                    page_size=self.page_size,
+                    on_made=lambda: self.work_made.wake("local"),
+                    progress=lambda: self.sup.health.progress("materialiser"),
+                    claimers=claimers,
+                    origin=self.origin,
+                )
+        except psycopg.DatabaseError as e:
+            # Not for a lost connection (OperationalError): the pass fails either way.
+            if claimers and not isinstance(e, psycopg.OperationalError):
+                self._claims_off_until = time.monotonic() + CLAIMS_OFF_AFTER_FAILURE
+                log.warning(
+                    "a page with claims failed; claiming in pages is off for %.0fs: %s",
+                    CLAIMS_OFF_AFTER_FAILURE,
+                    e,
+                    extra={"error_class": type(e).__name__},
+                )
+            raise
         locked, busy = self.stalls.result(res, time.monotonic())
         m.materialiser_locked.set(locked)
         m.materialiser_busy.set(busy)

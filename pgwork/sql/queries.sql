@@ -46,9 +46,10 @@ SELECT l.got, set_config('pgwork.may_page', l.got::text, true) AS may_page,
 -- statement, inside the transaction materialise_lock opened: insert their work rows, advance each
 -- reminder's next_fire_at past the cutoff ('infinity' when nothing is left), and NOTIFY the
 -- workers of every daemon when it made rows (due now, or later: their claim timers must learn of
--- them). Only occurrences at or after the reminder's progress (next_fire_at) are inserted, and
--- never one that retention retired: an occurrence is materialised once per deadline, whatever
--- retention deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
+-- them; the payload names the daemon whose materialiser made them: its own workers know already).
+-- Only occurrences at or after the reminder's progress (next_fire_at) are inserted, and never one
+-- that retention retired: an occurrence is materialised once per deadline, whatever retention
+-- deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
 -- because the deadline came back. Reminders locked by an app's transaction are skipped (their
 -- progress is unchanged, so the next pass takes them); the caller sees that in next_fire_at.
 WITH params AS MATERIALIZED (
@@ -125,7 +126,7 @@ SELECT (SELECT cutoff FROM params) AS cutoff,
        (SELECT count(*) FROM made) AS made,
        (SELECT count(*) FROM made WHERE due_at <= now() AND status = 'ready') AS made_due,
        (SELECT count(*) FROM made WHERE status = 'expired') AS skipped,
-       (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', '')
+       (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', %(origin)s)
                                WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
        (SELECT min(due_at) FROM made) AS earliest_made,
        l.next_fire_at AS last_at, l.id AS last_id
