@@ -9,48 +9,6 @@ from typing import LiteralString, cast
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
-def compact(sql: str) -> str:
-    """``sql`` without its ``--`` comments and with every run of whitespace outside quotes made
-    one space. Quoted text ('literals', "identifiers") is kept exactly. The statements are sent
-    this way: psycopg caches the conversion of its ``%(name)s`` placeholders only for queries of
-    up to 4 KiB, and parsing a longer one again costs ~0.2 ms of Python per execution."""
-    out: list[str] = []
-    i, n = 0, len(sql)
-    space = False
-    while i < n:
-        ch = sql[i]
-        if ch in "'\"":
-            j = i + 1
-            while j < n:
-                if sql[j] == ch:
-                    if j + 1 < n and sql[j + 1] == ch:  # a doubled quote inside
-                        j += 2
-                        continue
-                    break
-                j += 1
-            if j >= n:
-                raise ValueError(f"unterminated {ch} quote at offset {i}")
-            if space and out:
-                out.append(" ")
-            space = False
-            out.append(sql[i : j + 1])
-            i = j + 1
-        elif sql.startswith("--", i):
-            nl = sql.find("\n", i)
-            i = n if nl < 0 else nl
-            space = True
-        elif ch.isspace():
-            space = True
-            i += 1
-        else:
-            if space and out:
-                out.append(" ")
-            space = False
-            out.append(ch)
-            i += 1
-    return "".join(out)
-
-
 def _load(text: str) -> dict[str, LiteralString]:
     parts = _NAME.split(text)
     queries: dict[str, LiteralString] = {}
@@ -58,7 +16,8 @@ def _load(text: str) -> dict[str, LiteralString]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise RuntimeError(f"queries.sql names {name!r} twice")
-        queries[name] = cast(LiteralString, compact(body))  # type: ignore[redundant-cast]
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        queries[name] = cast(LiteralString, "\n".join(lines).strip())  # type: ignore[redundant-cast]
     return queries
 
 
