@@ -126,6 +126,8 @@ class Page:
     skipped: int
     notified: int
     earliest_made: datetime | None
+    #: Rows inserted claimed (see page_claimed).
+    told: int
     last_at: datetime | None
     last_id: int | None
 
@@ -140,12 +142,13 @@ async def materialise_page(
     after_id: int,
     limit: int,
     origin: str = "",
-    claims: Sequence[ClaimRequest] = (),
-) -> tuple[Page | None, list[list[Claimed]]]:
-    """One page in its own transaction: materialise_lock, then materialise_page, then each of
-    ``claims`` (claim_work, which sees the rows the page just made), sent together in one round
-    trip (the page reads the lock's result from a transaction-local setting). The page is None
-    when another materialiser holds the lock (the claims ran all the same). ``origin`` is the
+    take: Sequence[ClaimRequest] = (),
+) -> tuple[Page | None, list[Claimed]]:
+    """One page in its own transaction: materialise_lock, then materialise_page, sent together
+    in one round trip (the page reads the lock's result from a transaction-local setting). The
+    page inserts the occurrences due now of the channels in ``take`` claimed (up to each one's
+    ``limit``; they share one lease length and daemon), and page_claimed reads them back in the
+    same round trip. The page is None when another materialiser holds the lock. ``origin`` is the
     payload of the page's NOTIFY (a daemon's listener skips its own: its workers were told)."""
     params = {
         "cutoff": cutoff,
@@ -154,23 +157,25 @@ async def materialise_page(
         "after_id": after_id,
         "limit": limit,
         "origin": origin,
+        "take_channels": [t.channel for t in take],
+        "take_rooms": [t.limit for t in take],
+        "take_expire": [t.expire_after for t in take],
+        "lease": take[0].lease if take else timedelta(0),
+        "daemon_id": take[0].daemon_id if take else "",
     }
+    assert all(t.lease == params["lease"] and t.daemon_id == params["daemon_id"] for t in take)
     async with conn.pipeline():
         async with conn.transaction():
             lock = conn.cursor(row_factory=class_row(_Got))
             await lock.execute(Q["materialise_lock"], {"coordinate": coordinate})
             page = conn.cursor(row_factory=class_row(Page))
             await page.execute(Q["materialise_page"], params)
-            claimed = []
-            for req in claims:
-                if req.lock_channel:
-                    await conn.execute(Q["channel_lock"], {"channel": req.channel})
-                cur = conn.cursor(row_factory=class_row(Claimed))
-                await cur.execute(Q["claim_work"], req.params())
-                claimed.append(cur)
+            if take:
+                claimed = conn.cursor(row_factory=class_row(Claimed))
+                await claimed.execute(Q["page_claimed"])
         got = await lock.fetchone()
         result = await page.fetchone()
-        rows = [await cur.fetchall() for cur in claimed]
+        rows = await claimed.fetchall() if take else []
     if got is None or not got.got:
         return None, rows
     assert result is not None

@@ -14,7 +14,6 @@ import pytest
 from pgwork import db, store
 from pgwork.duties import materialise as materialiser
 from pgwork.metrics import Metrics
-from pgwork.queries import compact
 from pgwork.supervise import Supervisor
 from pgwork.waker import WakerGroup
 
@@ -163,8 +162,28 @@ async def test_daemon_sessions_run_without_jit(dsn: str) -> None:
         await pool.close()
 
 
-def test_statements_are_sent_without_comments_and_runs_of_space() -> None:
-    sql = "SELECT 'a  --  b'' c',  \"x  y\"  -- a comment\n\n  FROM t  -- another\nWHERE a = '--'"
-    assert compact(sql) == "SELECT 'a  --  b'' c', \"x  y\" FROM t WHERE a = '--'"
-    with pytest.raises(ValueError, match="unterminated"):
-        compact("SELECT 'open")
+async def test_a_revived_occurrence_is_made_ready_not_claimed(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A deadline moved away and back revives its superseded row (ON CONFLICT ... DO UPDATE):
+    that row keeps its lease and attempts and is made ready for the claim, never claimed by the
+    page that revives it."""
+    await add(conn, "k", "now() - interval '1 minute'")
+    async with await db.connect(dsn) as daemon:
+        assert (await materialiser.run_once(daemon, lookahead=0, page_size=100)) is not None
+        (first,) = await work(conn)
+        # Moved away; the claim's verdict for the old occurrence (superseded) stands in here.
+        await conn.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '1 day'")
+        await conn.execute(
+            "UPDATE pgwork.renewal_work SET status = 'superseded', finished_at = now(), lease = 1,"
+            " attempts = 1, claimed_by = 'd0', claimed_at = now()"
+        )
+        await conn.execute("UPDATE pgwork.reminder SET due_at = due_at - interval '1 day'")
+        c = Claimer(request())
+        res = await materialiser.run_once(daemon, lookahead=0, page_size=100, claimers=[c])
+    assert res is not None and res.made == 1
+    assert c.got == [[]]
+    (row,) = await work(conn)
+    assert row["id"] == first["id"] and row["status"] == "ready"
+    assert (row["lease"], row["attempts"], row["claimed_by"]) == (1, 1, "d0")
+    assert row["available_at"] == row["due_at"]

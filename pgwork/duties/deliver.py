@@ -120,8 +120,11 @@ class ChannelWorker:
         #: Claim statements under way (this loop's, or the materialiser's for this channel): a
         #: stop waits for them, then gives back their rows.
         self.claiming = 0
-        #: Room promised to the materialiser's claim under way (see page_claim).
+        #: Room promised to the materialiser's page under way (see page_claim).
         self._reserved = 0
+        #: The claim loop went to sleep finding no room while a page had room reserved: the
+        #: page's end wakes it (no row of its own may ever settle to do so).
+        self._wake_after_page = False
         #: Attempts under way and when each must end (see _reap).
         self._attempts: dict[anyio.CancelScope, float] = {}
         #: The channel's gate as last seen (see _apply_gate): paused; no delivery starts before
@@ -212,12 +215,14 @@ class ChannelWorker:
         return min(free, self.claim_batch)
 
     def page_claim(self) -> store.ClaimRequest | None:
-        """A claim for the materialiser to run in its page's transaction, right after the page
-        (one hop from the app's INSERT to a delivery), or None when this channel should not
-        take rows now: stopping, paused, held, its gate not read yet, its own claim under way,
-        or no room. The room it asks for is reserved until ``page_claimed``."""
+        """What the materialiser's page may insert claimed for this channel (one hop from the
+        app's INSERT to a delivery), or None when this channel should not take rows that way:
+        it has a rate limit or a global concurrency (claims count those under the channel's
+        lock), it is stopping, paused or held, its gate is not read yet, its own claim is under
+        way, or it has no room. The room it asks for is reserved until ``page_claimed``."""
         if (
-            self._stopping
+            self.lock_channel
+            or self._stopping
             or self._closed
             or self.paused
             or self._gate_stale
@@ -235,12 +240,15 @@ class ChannelWorker:
     def page_claimed(
         self, request: store.ClaimRequest, rows: list[store.Claimed] | None, t_claim: float
     ) -> None:
-        """The materialiser's claim for this channel committed with ``rows`` (None: it failed,
-        nothing was claimed)."""
+        """The materialiser's page committed with ``rows`` claimed for this channel (None: it
+        failed, nothing was claimed)."""
         self.claiming -= 1
         self._reserved -= request.limit
         if rows is not None:
             self._take(rows, t_claim)
+        if self._wake_after_page:
+            self._wake_after_page = False
+            self.waker.wake("slot")
 
     def gate_changed(self) -> None:
         """The channel was paused, resumed or throttled (a NOTIFY): read its gate again."""
@@ -297,7 +305,10 @@ class ChannelWorker:
                 return Next(self.tick, "paused")  # a resume NOTIFY wakes us sooner
         limit = self._room()
         if not limit:
-            return Next(math.inf, "slot")  # settling rows wakes us
+            # Settling rows wakes us; so does the materialiser's page when the room it had
+            # reserved was what left none here.
+            self._wake_after_page = self._reserved > 0
+            return Next(math.inf, "slot")
         self.claiming += 1
         t_claim = time.monotonic()
         try:

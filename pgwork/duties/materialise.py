@@ -136,10 +136,10 @@ async def run_once(
     is called as soon as a page that made rows has committed: local workers claim the ones due now
     at once and set their timers for the others. ``progress`` is called after every page (health).
 
-    One hop for work due now: the first page's transaction also runs a claim for each of
-    ``claimers`` that has room, after the page, so a reminder written due now is claimed by the
-    statement batch that makes its work row, and handed to a worker before the pass goes on.
-    ``origin`` names this daemon in the page's NOTIFY.
+    One hop for work due now: the first page inserts the occurrences due now of each of
+    ``claimers`` that has room already claimed (up to its room), so a reminder written due now is
+    claimed by the statement that makes its work row and handed to a worker before the pass goes
+    on. ``origin`` names this daemon in the page's NOTIFY.
     """
     t0 = time.monotonic()
     after_at: datetime | None = None
@@ -159,15 +159,15 @@ async def run_once(
                 after_id=after_id,
                 limit=page_size,
                 origin=origin,
-                claims=[req for _, req in asked],
+                take=[req for _, req in asked],
             )
         except BaseException:
             for c, req in asked:
                 c.page_claimed(req, None, p0)
             raise
         if asked:
-            for (c, req), rows in zip(asked, claimed, strict=True):
-                c.page_claimed(req, rows, p0)
+            for c, req in asked:
+                c.page_claimed(req, [r for r in claimed if r.channel == req.channel], p0)
             # Let the woken workers start their rows before this pass goes on.
             await anyio.lowlevel.checkpoint()
         if page is None:

@@ -52,6 +52,13 @@ SELECT l.got, set_config('pgwork.may_page', l.got::text, true) AS may_page,
 -- deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
 -- because the deadline came back. Reminders locked by an app's transaction are skipped (their
 -- progress is unchanged, so the next pass takes them); the caller sees that in next_fire_at.
+-- One hop for work due now: up to %(take_rooms)s occurrences due now of each of the daemon's
+-- channels %(take_channels)s (those with idle workers) are inserted already claimed, under a
+-- lease for %(daemon_id)s, as the claim would (lease and attempts 1). Only for a channel whose
+-- gate is open and that has nothing to count (no rate limit, global concurrency or throttle
+-- limit: their claims go through claim_work) and for an occurrence not past its expire_after;
+-- the others are inserted ready. The claimed ids are left in the transaction-local setting
+-- pgwork.page_claimed for page_claimed, sent in the same round trip.
 WITH params AS MATERIALIZED (
     -- The first page of a pass fixes the cutoff; later pages pass it back.
     SELECT coalesce(%(cutoff)s::timestamptz, now() + %(lookahead)s::interval) AS cutoff
@@ -87,28 +94,52 @@ WITH params AS MATERIALIZED (
            ch.catch_up
       FROM fires f
       LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+), take AS MATERIALIZED (
+    -- The occurrences claimed in this statement (see above): each channel's oldest due ones, up
+    -- to its room.
+    SELECT o.id, o.before
+      FROM (SELECT o.id, o.before, o.channel, o.fire_at,
+                   row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.before) AS n
+              FROM occ o
+             WHERE NOT o.skip AND o.fire_at <= now() AND o.fire_at >= o.progress
+               AND o.channel = ANY (%(take_channels)s::text[])) AS o
+      JOIN unnest(%(take_channels)s::text[], %(take_rooms)s::int[], %(take_expire)s::interval[])
+           AS t(channel, room, expire_after) ON t.channel = o.channel
+      JOIN pgwork.channel c ON c.name = o.channel
+     WHERE o.n <= t.room
+       AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
+       AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
+       AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
 ), made AS (
     INSERT INTO pgwork.renewal_work AS w
            (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
-            available_at, status, finished_at, last_error, traceparent, tracestate)
+            available_at, status, finished_at, last_error, traceparent, tracestate,
+            lease, attempts, claimed_at, claimed_by)
     SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
-           pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before), o.fire_at,
-           CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
+           pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before),
+           CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + %(lease)s::interval END,
+           CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
            CASE WHEN o.skip THEN now() END,
            CASE WHEN o.skip THEN format('skipped by catch_up = %%s: due %%s, before its reminder was written (%%s)',
                                        o.catch_up, o.fire_at, o.planned_at) END,
-           o.traceparent, o.tracestate
+           o.traceparent, o.tracestate,
+           (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
+           CASE WHEN k.id IS NOT NULL THEN now() END,
+           CASE WHEN k.id IS NOT NULL THEN %(daemon_id)s::text END
       FROM occ o
+      LEFT JOIN take k ON k.id = o.id AND k.before = o.before
      WHERE o.fire_at <= o.cutoff
        AND o.fire_at >= o.progress
        AND NOT EXISTS (SELECT 1 FROM pgwork.retired t
                         WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before)
         ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
-       SET status = excluded.status, available_at = excluded.available_at,
+       -- A revived row keeps its lease and attempts: it is made ready, never claimed here.
+       SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
+           available_at = CASE WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
            finished_at = excluded.finished_at, last_error = excluded.last_error,
            traceparent = excluded.traceparent, tracestate = excluded.tracestate
      WHERE w.status = 'superseded'
-    RETURNING w.due_at, w.status
+    RETURNING w.id, w.due_at, w.status
 ), nxt AS (
     SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
       FROM occ o
@@ -124,14 +155,28 @@ WITH params AS MATERIALIZED (
 SELECT (SELECT cutoff FROM params) AS cutoff,
        (SELECT count(*) FROM due) AS scanned,
        (SELECT count(*) FROM made) AS made,
-       (SELECT count(*) FROM made WHERE due_at <= now() AND status = 'ready') AS made_due,
+       (SELECT count(*) FROM made WHERE due_at <= now() AND status IN ('ready', 'claimed')) AS made_due,
        (SELECT count(*) FROM made WHERE status = 'expired') AS skipped,
        (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', %(origin)s)
                                WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
        (SELECT min(due_at) FROM made) AS earliest_made,
+       (SELECT count(*) FROM (SELECT set_config('pgwork.page_claimed', coalesce(array_agg(id)::text, '{}'), true)
+                                FROM made WHERE status = 'claimed') AS c) AS told,
        l.next_fire_at AS last_at, l.id AS last_id
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (SELECT next_fire_at, id FROM due ORDER BY next_fire_at DESC, id DESC LIMIT 1) l ON true
+
+-- name: page_claimed
+-- The rows materialise_page inserted claimed (pgwork.page_claimed, in the same transaction), as
+-- claim_work returns them.
+SELECT w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
+       w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+       coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
+       'ready' AS prev_status, r.recipient, r.payload::text AS payload, w.traceparent, w.tracestate
+  FROM pgwork.renewal_work w
+  JOIN pgwork.reminder r ON r.id = w.reminder_id
+ WHERE w.id = ANY (coalesce(nullif(current_setting('pgwork.page_claimed', true), ''), '{}')::bigint[])
+ ORDER BY w.due_at, w.id
 
 -- name: materialise_async_commit
 SELECT set_config('synchronous_commit', 'off', true)
