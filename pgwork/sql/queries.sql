@@ -469,11 +469,13 @@ WITH o AS (
              retry_after float8, started_ago float8, finished_ago float8, http_status int,
              error_class text, error text, receipt jsonb, throttle float8, pause text)
 ), locked AS (
-    -- Row locks in id order, as the heartbeat takes them: the two never deadlock.
+    -- Row locks in id order, as the heartbeat takes them: the two never deadlock. The rows are
+    -- named as an id array, so they are read by primary key whatever the plan's estimates.
     SELECT w.id, w.lease
       FROM pgwork.renewal_work w
       JOIN o ON o.work_id = w.id AND o.lease = w.lease
      WHERE w.status = 'claimed'
+       AND w.id = ANY ((SELECT array_agg(work_id) FROM o)::bigint[])
      ORDER BY w.id
        FOR UPDATE OF w
 ), done AS (
@@ -551,12 +553,19 @@ WITH o AS (
     -- `done` per record was quadratic (it halved the burn-down rate).
     SELECT o.*, d.id IS NOT NULL AS applied,
            -- A retried write whose first run committed (reply lost): its ledger row is there.
-           a.work_id IS NOT NULL AS already
+           -- Looked up only for a record not applied now (fenced, or such a retry): an applied
+           -- one cannot have been applied before. Joined to every record, the ledger was
+           -- hashed whole on every flush by a plan made while it was small (25 ms a flush at
+           -- 100k attempts on PostgreSQL 15, against 6 ms).
+           -- (A scalar subquery with LIMIT, not EXISTS, which may become a hash of the ledger.)
+           CASE WHEN d.id IS NULL
+                THEN (SELECT true FROM pgwork.attempt a
+                       WHERE a.work_id = o.work_id AND a.lease = o.lease
+                         AND a.outcome = o.outcome AND a.daemon_id = %(daemon_id)s
+                       LIMIT 1) IS NOT NULL
+                ELSE false END AS already
       FROM o
       LEFT JOIN done d ON d.id = o.work_id AND d.lease = o.lease
-      LEFT JOIN pgwork.attempt a
-        ON a.work_id = o.work_id AND a.lease = o.lease AND a.outcome = o.outcome
-       AND a.daemon_id = %(daemon_id)s
 ), ledger AS (
     INSERT INTO pgwork.attempt AS a
            (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome,
