@@ -421,9 +421,12 @@ async def w_morning(ctx: Ctx) -> dict[str, float]:
 # -- 3. insert -> delivery latency ---------------------------------------------------------
 
 
-async def latency_samples(dsn: str, n: int, cfg: Config | None = None) -> list[float]:
+async def latency_samples(
+    dsn: str, n: int, cfg: Config | None = None, *, warmup: int = 0
+) -> list[float]:
     """Milliseconds from before another connection's INSERT of a reminder due now until the
-    channel is called, ``n`` times, on an otherwise idle daemon."""
+    channel is called, ``n`` times, on an otherwise idle daemon (after ``warmup`` samples that
+    are not kept)."""
     noop.RECORD = True
     samples: list[float] = []
     try:
@@ -434,7 +437,7 @@ async def latency_samples(dsn: str, n: int, cfg: Config | None = None) -> list[f
                 while d.metrics.listener_up._value.get() != 1:
                     await anyio.sleep(0.01)
                 await anyio.sleep(0.2)
-                for i in range(n):
+                for i in range(warmup + n):
                     key = f"lat{i}"
                     noop.expect(key)
                     t0 = time.time()
@@ -445,7 +448,8 @@ async def latency_samples(dsn: str, n: int, cfg: Config | None = None) -> list[f
                     )
                     with anyio.fail_after(10):
                         called = await noop.wait(key)
-                    samples.append((called - t0) * 1000)
+                    if i >= warmup:
+                        samples.append((called - t0) * 1000)
                     await anyio.sleep(0.01)
             d.request_stop()
     finally:
