@@ -46,5 +46,6 @@ bench: $(VENV)/.dev ## all nine benchmark workloads, 3 interleaved rounds (about
 
 bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): checks it still runs
 	$(BIN)/python -m bench.run --smoke --out $(or $(BENCH_OUT),bench/results)
+	$(BIN)/python -m bench.costs --jobs 500
 
 .PHONY: bench bench-smoke
