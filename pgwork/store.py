@@ -114,6 +114,7 @@ class _Got:
     got: bool
     may_page: str
     async_commit: str
+    generic_plan: str
 
 
 @dataclass(frozen=True)
