@@ -127,7 +127,7 @@ class Page:
     skipped: int
     notified: int
     earliest_made: datetime | None
-    #: Rows inserted claimed (see page_claimed).
+    #: Always 1: the ids of the rows inserted claimed were left for page_claimed.
     told: int
     last_at: datetime | None
     last_id: int | None
