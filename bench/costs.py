@@ -47,11 +47,8 @@ SELECT regexp_replace(left(query, 60), '\\s+', ' ', 'g') AS statement, calls, pl
 
 async def measure(dsn: str, jobs: int, postmaster: int | None) -> dict[str, Any]:
     async with await db.connect(dsn) as c:
-        await db.migrate(c)
+        await w.migrate_with_noop(c)
         await c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        await c.execute(
-            "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python') ON CONFLICT DO NOTHING"
-        )
     await w.seed_work(dsn, jobs)
     async with await db.connect(dsn) as c:
         await c.execute("SELECT pg_stat_statements_reset()")

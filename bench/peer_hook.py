@@ -53,10 +53,7 @@ async def main() -> dict[str, float]:
     samples = int(os.environ.get("PB_LAT_SAMPLES", "200"))
     dsn = env_dsn()
     async with await db.connect(dsn) as c:
-        await db.migrate(c)
-        await c.execute(
-            "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python') ON CONFLICT DO NOTHING"
-        )
+        await w.migrate_with_noop(c)
         t0 = time.perf_counter()
         await w.insert_due(c, jobs, chunk=1000)
         res = await materialiser.run_once(c, lookahead=0, page_size=10_000)
@@ -70,10 +67,7 @@ async def main() -> dict[str, float]:
     # made again, so the drain's 2 x PB_JOBS dead index entries are not what is measured.
     async with await db.connect(dsn) as c:
         await c.execute("DROP SCHEMA pgwork CASCADE")
-        await db.migrate(c)
-        await c.execute(
-            "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python') ON CONFLICT DO NOTHING"
-        )
+        await w.migrate_with_noop(c)
     # The peer harness's rows each drop their first 10 samples (--warmup 10): so does this one.
     lat = await w.latency_samples(
         dsn, samples, w.daemon_config(w.noop_channel(1), claim_batch=1), warmup=10

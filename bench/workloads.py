@@ -155,6 +155,14 @@ async def insert_due(
         )
 
 
+async def migrate_with_noop(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The schema, and the no-op channel registered (so reminders naming it are accepted)."""
+    await db.migrate(conn)
+    await conn.execute(
+        "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python') ON CONFLICT DO NOTHING"
+    )
+
+
 async def prepare_measure(conn: psycopg.AsyncConnection[Any]) -> None:
     """As the peer harness does before timing: fresh statistics, no dirty buffers."""
     await conn.execute("VACUUM (ANALYZE) pgwork.renewal_work, pgwork.reminder, pgwork.attempt")
