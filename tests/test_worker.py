@@ -560,3 +560,46 @@ async def test_heartbeat_and_outcome_flush_do_not_deadlock(
         tg.start_soon(heartbeats)
         tg.start_soon(flush)
     assert await count(conn, "status = 'delivered'") == 2000
+
+
+async def test_rows_waiting_for_their_outcome_leave_the_prefetch_to_claims(
+    dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivered row whose outcome is still being written cannot be taken by another daemon,
+    so it does not count against the prefetch (one batch is written while the next is
+    delivered); but a writer that falls behind stops the claims after two more batches, and
+    nothing is lost or sent twice when it catches up. With a no-op channel, concurrency 2 and
+    batches of 10, the prefetch holds at most 2 + 2 * 10 = 22 undelivered rows; delivered rows
+    waiting for the writer may add 2 * 10 more."""
+    from pgwork.duties.outcomes import OutcomeWriter
+
+    gate = anyio.Event()
+    write = OutcomeWriter._statement
+
+    async def held_writer(self: OutcomeWriter, rs: list[Any]) -> set[tuple[int, int]]:
+        await gate.wait()  # the database is slow to take outcomes
+        return await write(self, rs)
+
+    monkeypatch.setattr(OutcomeWriter, "_statement", held_writer)
+    for i in range(100):
+        await add(conn, f"k{i}")
+    cfg = config(python_channel(concurrency=2), claim_batch=10, metrics_enabled=True)
+    async with running(cfg, dsn) as daemon:
+        reg = daemon.metrics.registry
+
+        def held() -> float:
+            return reg.get_sample_value("pgwork_rows_held", {"channel": "test"}) or 0.0
+
+        async def stalled() -> bool:
+            before = len(sink.DELIVERED)
+            await anyio.sleep(0.5)
+            return before == len(sink.DELIVERED) > 0
+
+        await until(stalled, what="the claims to stop while no outcome is written")
+        # Everything held was delivered: the rows wait for the writer, not for a worker.
+        assert held() == len(sink.DELIVERED)
+        assert 22 < len(sink.DELIVERED) <= 22 + 20
+        gate.set()
+        await until(lambda: _eq(conn, 100), what="100 delivered")
+    keys = [d.business_key for d in sink.DELIVERED]
+    assert len(keys) == len(set(keys)) == 100

@@ -58,6 +58,8 @@ class ChannelWorker:
     #: long at their measured pace: a burst is not taken by the first daemon to wake while
     #: others sit idle (a fast channel still holds two whole batches), seconds.
     PREFETCH_S = 0.25
+    #: Batches of delivered rows whose outcomes may wait to be written (see max_writing).
+    WRITING_BATCHES = 2
 
     def __init__(
         self,
@@ -100,15 +102,24 @@ class ChannelWorker:
         if woken_by is not None:
             woken_by.add(self.waker)  # rows made (materialiser), NOTIFY (listener)
         writer.subscribe(self.name, self.settle)
-        #: Most rows held at once: one per worker plus what the workers start within
-        #: PREFETCH_S, at most two batches (so that a claim can run while the previous batch's
-        #: outcomes are being written). Until a delivery has been timed: one more per worker.
+        #: Most rows held not yet delivered (queued, or in a delivery): one per worker plus what
+        #: the workers start within PREFETCH_S, at most two batches. Until a delivery has been
+        #: timed: one more per worker.
         self.max_held = 2 * self.concurrency
+        #: Most rows held delivered, waiting for their outcome to be written, beyond max_held:
+        #: no other daemon could take them, so they leave the prefetch room to the claims (one
+        #: batch's outcomes are written while the next batch is delivered), but a writer that
+        #: falls behind stops the claims.
+        self.max_writing = self.WRITING_BATCHES * self.claim_batch
         #: Seconds a delivery takes, a moving average (None: none timed yet).
         self._delivery_s: float | None = None
         #: Rows claimed and not yet settled: queued, being delivered, or waiting for their outcome
         #: to be written.
         self.held = 0
+        #: Rows delivered whose outcome is not durable yet (part of ``held``).
+        self.writing = 0
+        #: The claim loop sleeps until a slot frees (see _woken_for_room).
+        self._slot_wait = False
         #: Deliveries inside the channel right now.
         self.active = 0
         self._queue: deque[store.Claimed] = deque()
@@ -204,16 +215,34 @@ class ChannelWorker:
         async with self.pool.connection() as conn:
             return await store.claim_work(conn, self._request(limit))
 
+    def _free(self) -> int:
+        """Rows a claim could take now: room among the undelivered rows (max_held), and among
+        all held rows (max_held plus max_writing)."""
+        undelivered = self.held - self.writing
+        return (
+            min(self.max_held - undelivered, self.max_held + self.max_writing - self.held)
+            - self._reserved
+        )
+
     def _room(self) -> int:
         """How many rows a claim may take now (at most one batch); 0: too few to be worth a
-        claim (settling rows wakes the loop)."""
+        claim (a delivery ending or rows settling wakes the loop)."""
         if self._delivery_s is not None:
             ahead = self.concurrency * self.PREFETCH_S / max(self._delivery_s, 1e-6)
             self.max_held = self.concurrency + max(1, min(math.ceil(ahead), 2 * self.claim_batch))
-        free = self.max_held - self.held - self._reserved
-        if free < max(1, min(self.claim_batch, self.max_held) // 2):
+        free = self._free()
+        if free < self._worth_a_claim():
             return 0
         return min(free, self.claim_batch)
+
+    def _worth_a_claim(self) -> int:
+        return max(1, min(self.claim_batch, self.max_held) // 2)
+
+    def _woken_for_room(self) -> None:
+        """Wake the claim loop sleeping for a slot once a claim is worth it again."""
+        if self._slot_wait and self._free() >= self._worth_a_claim():
+            self._slot_wait = False
+            self.waker.wake("slot")
 
     def page_claim(self) -> store.ClaimRequest | None:
         """What the materialiser's page may insert claimed for this channel (one hop from the
@@ -308,6 +337,7 @@ class ChannelWorker:
             # Settling rows wakes us; so does the materialiser's page when the room it had
             # reserved was what left none here.
             self._wake_after_page = self._reserved > 0
+            self._slot_wait = True
             return Next(math.inf, "slot")
         self.claiming += 1
         t_claim = time.monotonic()
@@ -487,6 +517,8 @@ class ChannelWorker:
                 duration=elapsed,
             )
         )
+        self.writing += 1
+        self._woken_for_room()
 
     def settle(self, records: list[Record], fenced: set[tuple[int, int]]) -> None:
         """Called by the outcome writer once ``records`` of this channel are durable; ``fenced``
@@ -547,8 +579,8 @@ class ChannelWorker:
         for outcome, n in counted.items():
             self._m_attempts[outcome].inc(n)
         self.held -= len(records)
-        if self.max_held - self.held >= max(1, min(self.claim_batch, self.max_held) // 2):
-            self.waker.wake("slot")
+        self.writing -= len(records)
+        self._woken_for_room()
 
 
 class Deliveries:
