@@ -1,4 +1,4 @@
--- pgwork schema, version 5. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 6. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (5);
+INSERT INTO pgwork.schema_version (version) VALUES (6);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -718,6 +718,205 @@ COMMENT ON VIEW pgwork.reminder_status IS
     'outcome it had; attempts are no longer known); it is never sent again.';
 
 -- ---------------------------------------------------------------------------------------------
+-- The materialiser's page, in one call (one round trip from the daemon)
+-- ---------------------------------------------------------------------------------------------
+
+-- One page of the materialiser, as three statements run here, so that the daemon sends one:
+--
+-- 1. The materialiser's coordination lock: the row lock of pgwork.materialiser_state, which no
+--    app role can take (locking a row needs UPDATE on its table), unlike an advisory lock, whose
+--    key any session can hold. Taken in a statement of its own, before the page's: this function
+--    is VOLATILE, so each statement takes a new snapshot (READ COMMITTED), and the page's is
+--    younger than any retention batch that retired work rows (retention takes the same row
+--    exclusively): a page can never miss a tombstone and re-insert an occurrence already sent.
+--    With coordinate, only one materialiser pages at a time (the others get no row and retry
+--    shortly); without (tests racing two passes), materialisers share the lock. Without the
+--    lock, the function returns no row.
+--
+-- 2. One keyset page of reminders with an occurrence firing at or before the cutoff: insert
+--    their work rows, advance each reminder's next_fire_at past the cutoff ('infinity' when
+--    nothing is left), and NOTIFY the workers of every daemon when it made rows (due now, or
+--    later: their claim timers must learn of them; the payload names the daemon whose
+--    materialiser made them: its own workers know already). Only occurrences at or after the
+--    reminder's progress (next_fire_at) are inserted, and never one that retention retired: an
+--    occurrence is materialised once per deadline, whatever retention deleted since. A repeat is
+--    a no-op; a superseded row for the same deadline is revived because the deadline came back.
+--    Reminders locked by an app's transaction are skipped (their progress is unchanged, so the
+--    next pass takes them); the caller sees that in next_fire_at.
+--    One hop for work due now: up to take_rooms occurrences due now of each of the daemon's
+--    channels take_channels (those with idle workers) are inserted already claimed, under a
+--    lease for daemon_id, as the claim would (lease and attempts 1). Only for a channel whose
+--    gate is open and that has nothing to count (no rate limit, global concurrency or throttle
+--    limit: their claims go through claim_work) and for an occurrence not past its
+--    expire_after; the others are inserted ready.
+--
+-- 3. The page's figures, on every row, with the rows it inserted claimed, one per row, as
+--    claim_work returns them (a page that claimed none returns one row whose claimed columns are
+--    NULL).
+--
+-- The page commits without waiting for the WAL flush: one lost in a crash is redone by the next
+-- pass (the progress is in the same transaction), and work due now reaches a worker one disk
+-- flush sooner. It always runs its generic plan: with many reminders the planner judged it worse
+-- than a custom one (it cannot see the cutoff) and planned the page again on every pass, 1.4 ms
+-- of a 7 ms idle latency with a million far-future reminders; the page reads its index in key
+-- order up to a LIMIT either way. Both settings are transaction-local.
+CREATE FUNCTION pgwork.materialise_page(
+    coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
+    after_id bigint, page_limit integer, origin text, take_channels text[], take_rooms integer[],
+    take_expire interval[], claim_lease interval, daemon_id text)
+RETURNS TABLE (
+    cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
+    notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
+    id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
+    occurrence interval, due_at timestamptz, channel text, operation_id uuid, status text,
+    attempts integer, attempts_base integer, lease integer, retry_since timestamptz,
+    prev_status text, recipient text, payload text, traceparent text, tracestate text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    got boolean;
+    page record;
+BEGIN
+    -- Under repeatable read or serializable, every statement here would share the snapshot taken
+    -- before the lock: the ordering above, and with it "never sent twice", would not hold.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgwork.materialise_page needs transaction_isolation = read committed, not %',
+                        current_setting('transaction_isolation')
+              USING HINT = 'a default_transaction_isolation set on the database or role applies to '
+                           'pgwork''s sessions too: set it to read committed for the daemon''s role';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    got := CASE WHEN materialise_page.coordinate
+                THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
+                ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END;
+    IF NOT got THEN
+        RETURN;
+    END IF;
+    WITH params AS MATERIALIZED (
+        -- The first page of a pass fixes the cutoff; later pages pass it back.
+        SELECT coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead) AS cutoff
+    ), due AS MATERIALIZED (
+        SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
+               r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
+               coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate
+          FROM pgwork.reminder r
+         WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+           AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
+           AND (coalesce(r.next_fire_at, r.due_at), r.id)
+               > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+         LIMIT materialise_page.page_limit
+           FOR UPDATE OF r SKIP LOCKED
+    ), fires AS MATERIALIZED (
+        SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
+               pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
+               d.planned_at, (SELECT p.cutoff FROM params p) AS cutoff, d.traceparent, d.tracestate
+          FROM due d
+         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+    ), occ AS MATERIALIZED (
+        -- The channel's catch_up policy for occurrences that fired before the schedule was
+        -- written: all are sent; latest: only the most recent of them; none: none. The others
+        -- are closed as expired, with the reason.
+        SELECT f.*,
+               CASE coalesce(ch.catch_up, 'all')
+                    WHEN 'none' THEN f.fire_at < f.planned_at
+                    WHEN 'latest' THEN f.fire_at < max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                                    OVER (PARTITION BY f.id)
+                    ELSE false END AS skip,
+               ch.catch_up
+          FROM fires f
+          LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+    ), take AS MATERIALIZED (
+        -- The occurrences claimed here (see above): each channel's oldest due ones, up to its room.
+        SELECT o.id, o.before
+          FROM (SELECT o.id, o.before, o.channel, o.fire_at,
+                       row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.before) AS n
+                  FROM occ o
+                 WHERE NOT o.skip AND o.fire_at <= now() AND o.fire_at >= o.progress
+                   AND o.channel = ANY (materialise_page.take_channels)) AS o
+          JOIN unnest(materialise_page.take_channels, materialise_page.take_rooms,
+                      materialise_page.take_expire) AS t(channel, room, expire_after)
+            ON t.channel = o.channel
+          JOIN pgwork.channel c ON c.name = o.channel
+         WHERE o.n <= t.room
+           AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
+           AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
+           AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
+    ), made AS (
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                lease, attempts, claimed_at, claimed_by)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before),
+               CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + materialise_page.claim_lease END,
+               CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
+               CASE WHEN o.skip THEN now() END,
+               CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its reminder was written (%s)',
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
+               CASE WHEN k.id IS NOT NULL THEN now() END,
+               CASE WHEN k.id IS NOT NULL THEN materialise_page.daemon_id END
+          FROM occ o
+          LEFT JOIN take k ON k.id = o.id AND k.before = o.before
+         WHERE o.fire_at <= o.cutoff
+           AND o.fire_at >= o.progress
+           AND NOT EXISTS (SELECT 1 FROM pgwork.retired t
+                            WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before)
+            ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
+           -- A revived row keeps its lease and attempts: it is made ready, never claimed here.
+           SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
+               available_at = CASE WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate
+         WHERE w.status = 'superseded'
+        RETURNING w.id, w.due_at, w.status
+    ), nxt AS (
+        SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
+          FROM occ o
+         GROUP BY o.id
+    ), advanced AS (
+        -- By ctid: the rows are locked by this statement, and a join on id would scan the table.
+        UPDATE pgwork.reminder r
+           SET next_fire_at = n.next_fire_at
+          FROM due d
+          JOIN nxt n ON n.id = d.id
+         WHERE r.ctid = d.row_ctid
+    )
+    SELECT (SELECT p.cutoff FROM params p) AS cutoff,
+           (SELECT count(*) FROM due) AS scanned,
+           (SELECT count(*) FROM made) AS made,
+           (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
+           (SELECT count(*) FROM made m WHERE m.status = 'expired') AS skipped,
+           (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
+                                   WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
+           (SELECT min(m.due_at) FROM made m) AS earliest_made,
+           (SELECT array_agg(m.id) FROM made m WHERE m.status = 'claimed') AS claimed,
+           l.next_fire_at AS last_at, l.id AS last_id
+      INTO page
+      FROM (SELECT 1) AS one
+      LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true;
+    RETURN QUERY
+    SELECT page.cutoff, page.scanned, page.made, page.made_due, page.skipped, page.notified,
+           page.earliest_made, page.last_at, page.last_id,
+           w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
+           w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+           coalesce(w.redriven_at, greatest(w.due_at, w.created_at)),
+           CASE WHEN w.id IS NOT NULL THEN 'ready' END, r.recipient, r.payload::text,
+           w.traceparent, w.tracestate
+      FROM (SELECT 1) AS one
+      LEFT JOIN (pgwork.renewal_work w JOIN pgwork.reminder r ON r.id = w.reminder_id)
+        ON w.id = ANY (page.claimed)
+     ORDER BY w.due_at, w.id;
+END
+$$;
+COMMENT ON FUNCTION pgwork.materialise_page IS
+    'The materialiser''s page (lock, page, the rows it claimed), called by the daemon only.';
+REVOKE EXECUTE ON FUNCTION pgwork.materialise_page FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
 -- Roles: pgwork_app may schedule, move, cancel and read reminders, and nothing else.
 -- ---------------------------------------------------------------------------------------------
 
@@ -782,6 +981,7 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.attempt, pgwork.retired,
               pgwork.daemon TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
+        GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
         BEGIN
             -- The xmin-horizon gauge reads other sessions' backend_xmin.
             GRANT pg_read_all_stats TO pgwork_daemon;

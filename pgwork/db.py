@@ -29,6 +29,9 @@ SESSION_SETTINGS = {
     # (a LIMIT it cannot see) pass jit_above_cost. PostgreSQL 15 with LLVM then compiled the
     # claim on every execution: 115 ms of a 126 ms claim.
     "jit": "off",
+    # Every statement relies on READ COMMITTED (a page's snapshot must be younger than the lock
+    # it takes: see pgwork.materialise_page), whatever a database or role default says.
+    "default_transaction_isolation": "read committed",
     "application_name": "pgwork",
 }
 
@@ -64,11 +67,18 @@ def session_conninfo(dsn: str, extra: dict[str, str] | None = None, *, pooled: b
             return dsn
         return make_conninfo(dsn, application_name=SESSION_SETTINGS["application_name"])
     settings = {**SESSION_SETTINGS, **(extra or {})}
-    opts = " ".join(f"-c {k}={v}" for k, v in settings.items() if k != "application_name")
+    # In libpq's options, a space inside a value is escaped with a backslash.
+    opts = " ".join(
+        f"-c {k}={_escape_option(v)}" for k, v in settings.items() if k != "application_name"
+    )
     extra = {"options": f"{d.get('options', '')} {opts}".strip()}
     if "application_name" not in d:
         extra["application_name"] = SESSION_SETTINGS["application_name"]
     return make_conninfo(dsn, **extra)
+
+
+def _escape_option(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(" ", "\\ ")
 
 
 def _pooled_kwargs(pooled: bool) -> dict[str, Any]:

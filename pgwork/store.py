@@ -8,7 +8,7 @@ The SQL stays in ``queries.sql`` (one place, readable as SQL); this module only 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -129,14 +129,6 @@ async def ping(conn: Conn) -> None:
 
 
 @dataclass(frozen=True)
-class _Got:
-    got: bool
-    may_page: str
-    async_commit: str
-    generic_plan: str
-
-
-@dataclass(frozen=True)
 class Page:
     cutoff: datetime
     scanned: int
@@ -146,10 +138,11 @@ class Page:
     skipped: int
     notified: int
     earliest_made: datetime | None
-    #: Always 1: the ids of the rows inserted claimed were left for page_claimed.
-    told: int
     last_at: datetime | None
     last_id: int | None
+
+
+_PAGE_COLUMNS = tuple(f.name for f in fields(Page))
 
 
 async def materialise_page(
@@ -164,13 +157,13 @@ async def materialise_page(
     origin: str = "",
     take: Sequence[ClaimRequest] = (),
 ) -> tuple[Page | None, list[Claimed]]:
-    """One page in its own transaction: materialise_lock, then materialise_page, sent together
-    in one round trip (the page reads the lock's result from a transaction-local setting). The
-    page inserts the occurrences due now of the channels in ``take`` claimed (up to each one's
-    ``limit``; they share one lease length and daemon), and page_claimed reads them back in the
-    same round trip. The page is None when another materialiser holds the lock. ``origin`` is the
-    payload of the page's NOTIFY (a daemon's listener skips its own: its workers were told)."""
+    """One page, one statement (its own transaction): the coordination lock, the page, and the
+    rows it inserted claimed for the channels in ``take`` (up to each one's ``limit``; they share
+    one lease length and daemon). The page is None when another materialiser holds the lock.
+    ``origin`` is the payload of the page's NOTIFY (a daemon's listener skips its own: its
+    workers were told)."""
     params = {
+        "coordinate": coordinate,
         "cutoff": cutoff,
         "lookahead": lookahead,
         "after_at": after_at,
@@ -184,22 +177,17 @@ async def materialise_page(
         "daemon_id": take[0].daemon_id if take else "",
     }
     assert all(t.lease == params["lease"] and t.daemon_id == params["daemon_id"] for t in take)
-    async with conn.pipeline():
-        async with conn.transaction():
-            lock = conn.cursor(row_factory=class_row(_Got))
-            await lock.execute(Q["materialise_lock"], {"coordinate": coordinate})
-            page = conn.cursor(row_factory=class_row(Page))
-            await page.execute(Q["materialise_page"], params)
-            if take:
-                claimed = conn.cursor(row_factory=_tuple_rows(Claimed))
-                await claimed.execute(Q["page_claimed"])
-        got = await lock.fetchone()
-        result = await page.fetchone()
-        rows = await claimed.fetchall() if take else []
-    if got is None or not got.got:
-        return None, rows
-    assert result is not None
-    return result, rows
+    async with conn.cursor() as cur:
+        await cur.execute(Q["materialise_page"], params)
+        names = tuple(c.name for c in cur.description or ())
+        got = await cur.fetchall()
+    n = len(_PAGE_COLUMNS)
+    if names != _PAGE_COLUMNS + Claimed._fields:
+        raise TypeError(f"materialise_page returns {names}, not the Page and Claimed fields")
+    if not got:
+        return None, []
+    page = Page(*got[0][:n])
+    return page, [tuple.__new__(Claimed, r[n:]) for r in got if r[n] is not None]
 
 
 async def materialise_record_pass(

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import psycopg
 import pytest
 
-from pgwork import db
+from pgwork import db, store
 from pgwork.config import RetentionPolicy
 from pgwork.duties.outcomes import OutcomeWriter, Record
 from pgwork.duties.retention import Retention
@@ -360,3 +360,90 @@ async def test_a_receiver_answering_nul_characters_cannot_stall_the_channel(
     assert any("bad" in (x["error"] or "") for x in ledger)
     receipts = await rows(conn, "SELECT receipt FROM pgwork.attempt WHERE outcome = 'delivered'")
     assert [r["receipt"]["body"] for r in receipts] == [{"ok": "", "receipt": "ok"}] * 5
+
+
+async def _page(
+    c: psycopg.AsyncConnection[Any], *, coordinate: bool = True
+) -> tuple[store.Page | None, list[store.Claimed]]:
+    """The first page of a pass, nothing claimed."""
+    return await store.materialise_page(
+        c,
+        coordinate=coordinate,
+        cutoff=None,
+        lookahead=timedelta(0),
+        after_at=None,
+        after_id=0,
+        limit=100,
+    )
+
+
+async def test_a_page_waiting_for_a_retention_batch_sees_its_tombstones(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The page's lock is taken in a statement of its own, before the page's snapshot: a page
+    that waited for a retention batch (which holds the same lock) sees the tombstones it wrote.
+    A page whose snapshot predated the batch's commit would miss the tombstone, find the work row
+    gone, and make the occurrence again: a second send."""
+    rid = await add(conn, "k", "now() - interval '1 minute'")
+    await materialise(dsn)
+    await _deliver_all(dsn)
+    # The deadline moves away and back: progress is reset, the page looks at it again.
+    await conn.execute("UPDATE pgwork.reminder SET due_at = due_at + interval '1 day'")
+    await conn.execute("UPDATE pgwork.reminder SET due_at = due_at - interval '1 day'")
+    (r,) = await rows(conn, "SELECT next_fire_at FROM pgwork.reminder WHERE id = %s", (rid,))
+    assert r["next_fire_at"] is None
+    pages: list[Any] = []
+    async with (
+        await db.connect(dsn) as batch,
+        await db.connect(dsn) as daemon,
+        anyio.create_task_group() as tg,
+    ):
+        async with batch.transaction():
+            got = await store.retention_delete_batch(
+                batch,
+                done_before=datetime.now(UTC) + timedelta(days=1),
+                dead_before=datetime.now(UTC) + timedelta(days=1),
+                after_at=None,
+                after_id=0,
+                limit=100,
+                statement_timeout="10s",
+                lock_timeout="5s",
+            )
+            assert got.deleted == 1 and got.retired == 1
+
+            async def page() -> None:
+                # Shares the lock (coordinate=False): it waits for the batch, not skips.
+                pages.append(await _page(daemon, coordinate=False))
+
+            tg.start_soon(page)
+            await anyio.sleep(0.5)
+            assert pages == []  # waiting for the batch's lock
+        # The batch commits here; the page goes on.
+    ((result, claimed),) = pages
+    assert result is not None and result.scanned == 1 and result.made == 0 and claimed == []
+    assert await work(conn) == []
+    (st,) = await rows(conn, "SELECT status, retired FROM pgwork.reminder_status")
+    assert (st["status"], st["retired"]) == ("delivered", True)
+
+
+async def test_a_page_refuses_any_isolation_but_read_committed(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Under repeatable read the page would share one snapshot with its lock, taken before the
+    lock: after a retention batch it re-made a retired occurrence (the test above fails that way).
+    The page refuses, naming the setting; the daemon's own sessions run read committed whatever
+    the database's default says."""
+    await add(conn, "k", "now() - interval '1 minute'")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as plain:
+        await plain.execute("SET default_transaction_isolation = 'repeatable read'")
+        with pytest.raises(psycopg.errors.RaiseException, match="read committed, not repeatable"):
+            await _page(plain)
+    dbname = conn.info.dbname
+    await conn.execute(
+        f"ALTER DATABASE \"{dbname}\" SET default_transaction_isolation = 'serializable'"
+    )
+    async with await db.connect(dsn) as daemon:
+        (one,) = await rows(daemon, "SELECT current_setting('transaction_isolation') AS level")
+        assert one["level"] == "read committed"
+        result, _ = await _page(daemon)
+        assert result is not None and result.made == 1
