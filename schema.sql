@@ -743,9 +743,10 @@ COMMENT ON VIEW pgwork.reminder_status IS
 --    a no-op; a superseded row for the same deadline is revived because the deadline came back.
 --    Reminders locked by an app's transaction are skipped (their progress is unchanged, so the
 --    next pass takes them); the caller sees that in next_fire_at.
---    One hop for work due now: up to take_rooms occurrences due now of each of the daemon's
---    channels take_channels (those with idle workers) are inserted already claimed, under a
---    lease for daemon_id, as the claim would (lease and attempts 1). Only for a channel whose
+--    One hop for work due now: up to room occurrences due now of each of the daemon's channels
+--    in take (those with idle workers: [{"channel", "room", "expire_after_s"}, ...]) are
+--    inserted already claimed, under a lease for daemon_id, as the claim would (lease and
+--    attempts 1). Only for a channel whose
 --    gate is open and that has nothing to count (no rate limit, global concurrency or throttle
 --    limit: their claims go through claim_work) and for an occurrence not past its
 --    expire_after; the others are inserted ready.
@@ -762,8 +763,8 @@ COMMENT ON VIEW pgwork.reminder_status IS
 -- order up to a LIMIT either way. Both settings are transaction-local.
 CREATE FUNCTION pgwork.materialise_page(
     coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
-    after_id bigint, page_limit integer, origin text, take_channels text[], take_rooms integer[],
-    take_expire interval[], claim_lease interval, daemon_id text)
+    after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
+    daemon_id text)
 RETURNS TABLE (
     cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
     notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
@@ -827,6 +828,9 @@ BEGIN
                ch.catch_up
           FROM fires f
           LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+    ), rooms AS MATERIALIZED (
+        SELECT t.channel, t.room, make_interval(secs => t.expire_after_s) AS expire_after
+          FROM jsonb_to_recordset(materialise_page.take) AS t(channel text, room integer, expire_after_s float8)
     ), take AS MATERIALIZED (
         -- The occurrences claimed here (see above): each channel's oldest due ones, up to its room.
         SELECT o.id, o.before
@@ -834,10 +838,8 @@ BEGIN
                        row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.before) AS n
                   FROM occ o
                  WHERE NOT o.skip AND o.fire_at <= now() AND o.fire_at >= o.progress
-                   AND o.channel = ANY (materialise_page.take_channels)) AS o
-          JOIN unnest(materialise_page.take_channels, materialise_page.take_rooms,
-                      materialise_page.take_expire) AS t(channel, room, expire_after)
-            ON t.channel = o.channel
+                   AND o.channel IN (SELECT t.channel FROM rooms t)) AS o
+          JOIN rooms t ON t.channel = o.channel
           JOIN pgwork.channel c ON c.name = o.channel
          WHERE o.n <= t.room
            AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())

@@ -30,8 +30,7 @@ SELECT name FROM pg_timezone_names
 SELECT * FROM pgwork.materialise_page(
     %(coordinate)s::boolean, %(cutoff)s::timestamptz, %(lookahead)s::interval,
     %(after_at)s::timestamptz, %(after_id)s::bigint, %(limit)s::integer, %(origin)s::text,
-    %(take_channels)s::text[], %(take_rooms)s::integer[], %(take_expire)s::interval[],
-    %(lease)s::interval, %(daemon_id)s::text)
+    %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text)
 
 -- name: materialise_async_commit
 SELECT set_config('synchronous_commit', 'off', true)
