@@ -23,7 +23,7 @@ SELECT name FROM pg_timezone_names
 
 -- name: materialise_page
 -- One page of the materialiser in one statement: pgwork.materialise_page (schema.sql) takes the
--- coordination lock, runs the page in a statement of its own (a younger snapshot than the lock:
+-- coordination lock, then runs the page in a statement of its own (a younger snapshot than the lock:
 -- see there why that matters), and returns the page's figures on every row with the rows it
 -- inserted claimed, as claim_work returns them (none claimed: one row, claimed columns NULL).
 -- No row: another materialiser holds the lock.

@@ -10,7 +10,7 @@
 -- The materialiser's page, in one call (one round trip from the daemon)
 -- ---------------------------------------------------------------------------------------------
 
--- One page of the materialiser, as three statements run here, so that the daemon sends one:
+-- One page of the materialiser, as two statements run here, so that the daemon sends one:
 --
 -- 1. The materialiser's coordination lock: the row lock of pgwork.materialiser_state, which no
 --    app role can take (locking a row needs UPDATE on its table), unlike an advisory lock, whose
@@ -35,14 +35,12 @@
 --    One hop for work due now: up to room occurrences due now of each of the daemon's channels
 --    in take (those with idle workers: [{"channel", "room", "expire_after_s"}, ...]) are
 --    inserted already claimed, under a lease for daemon_id, as the claim would (lease and
---    attempts 1). Only for a channel whose
---    gate is open and that has nothing to count (no rate limit, global concurrency or throttle
---    limit: their claims go through claim_work) and for an occurrence not past its
---    expire_after; the others are inserted ready.
---
--- 3. The page's figures, on every row, with the rows it inserted claimed, one per row, as
---    claim_work returns them (a page that claimed none returns one row whose claimed columns are
---    NULL).
+--    attempts 1). Only for a channel whose gate is open and that has nothing to count (no rate
+--    limit, global concurrency or throttle limit: their claims go through claim_work) and for
+--    an occurrence not past its expire_after; the others are inserted ready.
+--    It returns the page's figures on every row, with the rows it inserted claimed, one per
+--    row, as claim_work returns them (a page that claimed none returns one row whose claimed
+--    columns are NULL).
 --
 -- The page commits without waiting for the WAL flush: one lost in a crash is redone by the next
 -- pass (the progress is in the same transaction), and work due now reaches a worker one disk
@@ -65,7 +63,6 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     got boolean;
-    page record;
 BEGIN
     -- Under repeatable read or serializable, every statement here would share the snapshot taken
     -- before the lock: the ordering above, and with it "never sent twice", would not hold.
@@ -83,6 +80,7 @@ BEGIN
     IF NOT got THEN
         RETURN;
     END IF;
+    RETURN QUERY
     WITH params AS MATERIALIZED (
         -- The first page of a pass fixes the cutoff; later pages pass it back.
         SELECT coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead) AS cutoff
@@ -163,7 +161,10 @@ BEGIN
                finished_at = excluded.finished_at, last_error = excluded.last_error,
                traceparent = excluded.traceparent, tracestate = excluded.tracestate
          WHERE w.status = 'superseded'
-        RETURNING w.id, w.due_at, w.status
+        RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
+                  w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+                  coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
+                  w.traceparent, w.tracestate
     ), nxt AS (
         SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
           FROM occ o
@@ -175,32 +176,35 @@ BEGIN
           FROM due d
           JOIN nxt n ON n.id = d.id
          WHERE r.ctid = d.row_ctid
+    ), figures AS (
+        SELECT (SELECT p.cutoff FROM params p) AS cutoff,
+               (SELECT count(*) FROM due) AS scanned,
+               (SELECT count(*) FROM made) AS made,
+               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
+               (SELECT count(*) FROM made m WHERE m.status = 'expired') AS skipped,
+               (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
+                                       WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
+               (SELECT min(m.due_at) FROM made m) AS earliest_made,
+               l.next_fire_at AS last_at, l.id AS last_id
+          FROM (SELECT 1) AS one
+          LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
+    ), claimed AS (
+        -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
+        SELECT m.id, m.reminder_id, m.source, m.business_key, m.deadline, m.occurrence, m.due_at,
+               m.channel, m.operation_id, m.status, m.attempts, m.attempts_base, m.lease, m.retry_since,
+               'ready'::text AS prev_status, r.recipient, r.payload::text AS payload, m.traceparent, m.tracestate
+          FROM made m
+          JOIN pgwork.reminder r ON r.id = m.reminder_id
+         WHERE m.status = 'claimed'
     )
-    SELECT (SELECT p.cutoff FROM params p) AS cutoff,
-           (SELECT count(*) FROM due) AS scanned,
-           (SELECT count(*) FROM made) AS made,
-           (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
-           (SELECT count(*) FROM made m WHERE m.status = 'expired') AS skipped,
-           (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
-                                   WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
-           (SELECT min(m.due_at) FROM made m) AS earliest_made,
-           (SELECT array_agg(m.id) FROM made m WHERE m.status = 'claimed') AS claimed,
-           l.next_fire_at AS last_at, l.id AS last_id
-      INTO page
-      FROM (SELECT 1) AS one
-      LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true;
-    RETURN QUERY
-    SELECT page.cutoff, page.scanned, page.made, page.made_due, page.skipped, page.notified,
-           page.earliest_made, page.last_at, page.last_id,
-           w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
-           w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
-           coalesce(w.redriven_at, greatest(w.due_at, w.created_at)),
-           CASE WHEN w.id IS NOT NULL THEN 'ready' END, r.recipient, r.payload::text,
-           w.traceparent, w.tracestate
-      FROM (SELECT 1) AS one
-      LEFT JOIN (pgwork.renewal_work w JOIN pgwork.reminder r ON r.id = w.reminder_id)
-        ON w.id = ANY (page.claimed)
-     ORDER BY w.due_at, w.id;
+    SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
+           f.last_at, f.last_id,
+           c.id, c.reminder_id, c.source, c.business_key, c.deadline, c.occurrence, c.due_at,
+           c.channel, c.operation_id, c.status, c.attempts, c.attempts_base, c.lease, c.retry_since,
+           c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate
+      FROM figures f
+      LEFT JOIN claimed c ON true
+     ORDER BY c.due_at, c.id;
 END
 $$;
 COMMENT ON FUNCTION pgwork.materialise_page IS
