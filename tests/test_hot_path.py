@@ -8,6 +8,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import anyio
@@ -326,3 +327,42 @@ async def test_held_and_active_gauges_read_the_channel_when_scraped(
             )
     finally:
         sink.reset()
+
+
+async def test_a_page_that_handed_over_all_it_made_does_not_wake_the_claim_loops(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The one-hop page hands the rows it made to the workers. When it claimed every row it
+    made, the local claim loops have nothing to look for: waking them cost a claim and a gate
+    read per reminder on an idle daemon. A page that made a row it did not claim (due later)
+    still wakes them, so that they set its timer."""
+
+    def claim_wakeups(d: Any) -> float:
+        """The claim loop's wake-ups by the materialiser (not its own timers)."""
+        got = d.metrics.registry.get_sample_value(
+            "pgwork_wakeups_total", {"duty": "claim:test", "cause": "local"}
+        )
+        return float(got or 0.0)
+
+    async with running(config(lookahead=7200.0), dsn) as d:
+        await anyio.sleep(0.5)  # the start's own wake-ups are over
+        before = claim_wakeups(d)
+        for i in range(3):
+            await add(conn, f"now{i}")
+            await until(partial(_delivered, conn, i + 1), what=f"reminder {i} delivered")
+        assert claim_wakeups(d) == before  # each was handed over by its page
+        await add(conn, "later", "now() + interval '1 hour'")
+        await until(lambda: _made(conn, 4), what="the later reminder made")
+        await until(lambda: _woken(d, claim_wakeups, before), what="the claim loop woken")
+
+
+async def _delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return len([w for w in await work(conn) if w["status"] == "delivered"]) == n
+
+
+async def _made(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return len(await work(conn)) == n
+
+
+async def _woken(d: Any, wakeups: Any, before: float) -> bool:
+    return bool(wakeups(d) > before)

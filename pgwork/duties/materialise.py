@@ -133,8 +133,8 @@ async def run_once(
     Pages on ``(next_fire_at, id)``, one short transaction per page. Returns None when another
     materialiser holds the lock (it is doing this work right now). ``coordinate=False`` shares the
     lock instead: correctness never depends on it (tests use that to race two passes). ``on_made``
-    is called as soon as a page that made rows has committed: local workers claim the ones due now
-    at once and set their timers for the others. ``progress`` is called after every page (health).
+    is called as soon as a page that made rows it did not hand over has committed: local workers
+    claim the ones due now at once and set their timers for the others. ``progress`` is called after every page (health).
 
     One hop for work due now: the first page inserts the occurrences due now of each of
     ``claimers`` that has room already claimed (up to its room), so a reminder written due now is
@@ -176,7 +176,9 @@ async def run_once(
         longest = max(longest, time.monotonic() - p0)
         if progress is not None:
             progress()
-        if page.made and on_made is not None:
+        if page.made > len(claimed) and on_made is not None:
+            # Rows the page made and did not hand over (due later, or for a channel that
+            # claims on its own): the claim loops look for them and set their timers.
             on_made()
         pages += 1
         scanned += page.scanned
