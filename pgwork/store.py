@@ -211,13 +211,11 @@ async def materialise_page(
 async def materialise_record_pass(
     conn: Conn, *, cutoff: datetime, made: int, duration_ms: float
 ) -> None:
-    async with conn.transaction():
-        await _exec(conn, "materialise_async_commit")
-        await _exec(
-            conn,
-            "materialise_record_pass",
-            {"cutoff": cutoff, "made": made, "duration_ms": duration_ms},
-        )
+    await _exec(
+        conn,
+        "materialise_record_pass",
+        {"cutoff": cutoff, "made": made, "duration_ms": duration_ms},
+    )
 
 
 @dataclass(frozen=True)

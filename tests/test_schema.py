@@ -380,11 +380,9 @@ def test_every_named_statement_has_one_typed_function() -> None:
     from pgwork.queries import Q
 
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
-    # Run inside another function's transaction: materialise_async_commit in
-    # materialise_record_pass's, channel_lock in claim_work's, batch_limits in
+    # Run inside another function's transaction: channel_lock in claim_work's, batch_limits in
     # retention_delete_batch's.
     inner = {
-        "materialise_async_commit",
         "channel_lock",
         "batch_limits",
     }

@@ -32,18 +32,18 @@ SELECT * FROM pgwork.materialise_page(
     %(after_at)s::timestamptz, %(after_id)s::bigint, %(limit)s::integer, %(origin)s::text,
     %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text)
 
--- name: materialise_async_commit
-SELECT set_config('synchronous_commit', 'off', true)
-
 -- name: materialise_record_pass
 -- Evidence of a pass: everything firing at or before %(cutoff)s has its work row (the caller
--- passes less than the pass's cutoff when reminders locked by apps were skipped).
+-- passes less than the pass's cutoff when reminders locked by apps were skipped). Committed
+-- without waiting for the WAL flush (one statement, its own transaction): a record lost in a
+-- crash is written again by the next pass.
 UPDATE pgwork.materialiser_state
    SET last_cutoff = greatest(last_cutoff, %(cutoff)s),
        last_pass_at = now(),
        last_inserted = %(made)s,
        last_duration_ms = %(duration_ms)s,
        total_inserted = total_inserted + %(made)s
+  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 
 -- name: next_fire_at
 -- The earliest occurrence not yet materialised, and how far it is past %(cutoff)s in seconds by
