@@ -42,15 +42,24 @@ def _tuple_rows(cls: type[NT]) -> BaseRowFactory[NT]:
     """Rows as the named tuple ``cls``, built positionally. The result's column names are checked
     against the fields once per result, so a statement whose columns drift from the class fails
     at once, naming both, instead of filling fields with the wrong values."""
-    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    expected: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
 
     def factory(cur: Any) -> RowMaker[NT]:
-        names = tuple(c.name for c in cur.description or ())
-        if names != fields:
-            raise TypeError(f"{cls.__name__}: the statement returns {names}, not {fields}")
+        names = _column_names(cur)
+        if names != expected:
+            raise TypeError(f"{cls.__name__}: the statement returns {names}, not {expected}")
         return partial(tuple.__new__, cls)
 
     return factory
+
+
+def _column_names(cur: Any) -> tuple[str, ...]:
+    """The current result's column names, read from the result itself (``cur.description``
+    builds a Column object per column: a sixth of the page call's client side)."""
+    res = cur.pgresult
+    if res is None:
+        return ()
+    return tuple((res.fname(i) or b"").decode() for i in range(res.nfields))
 
 
 async def _one(conn: Conn, name: str, cls: type[T], params: dict[str, Any] | None = None) -> T:
@@ -144,8 +153,6 @@ class Page:
 
 
 _PAGE_COLUMNS = tuple(f.name for f in fields(Page))
-#: materialise_page's columns were checked against Page and Claimed.
-_page_checked = False
 
 
 async def materialise_page(
@@ -189,17 +196,11 @@ async def materialise_page(
         "daemon_id": take[0].daemon_id if take else "",
     }
     assert all(t.lease == params["lease"] and t.daemon_id == params["daemon_id"] for t in take)
-    global _page_checked
     async with conn.cursor() as cur:
         await cur.execute(Q["materialise_page"], params)
-        if not _page_checked:
-            # Once per process (building cur.description cost a sixth of the call's client side).
-            names = tuple(c.name for c in cur.description or ())
-            if names != _PAGE_COLUMNS + Claimed._fields:
-                raise TypeError(
-                    f"materialise_page returns {names}, not the Page and Claimed fields"
-                )
-            _page_checked = True
+        names = _column_names(cur)
+        if names != _PAGE_COLUMNS + Claimed._fields:
+            raise TypeError(f"materialise_page returns {names}, not the Page and Claimed fields")
         got = await cur.fetchall()
     n = len(_PAGE_COLUMNS)
     if not got:

@@ -134,7 +134,8 @@ async def run_once(
     materialiser holds the lock (it is doing this work right now). ``coordinate=False`` shares the
     lock instead: correctness never depends on it (tests use that to race two passes). ``on_made``
     is called as soon as a page that made rows it did not hand over has committed: local workers
-    claim the ones due now at once and set their timers for the others. ``progress`` is called after every page (health).
+    claim the ones due now at once and set their timers for the others. ``progress`` is called
+    after every page (health).
 
     One hop for work due now: the first page inserts the occurrences due now of each of
     ``claimers`` that has room already claimed (up to its room), so a reminder written due now is
