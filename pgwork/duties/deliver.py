@@ -133,9 +133,6 @@ class ChannelWorker:
         self.claiming = 0
         #: Room promised to the materialiser's page under way (see page_claim).
         self._reserved = 0
-        #: The claim loop went to sleep finding no room while a page had room reserved: the
-        #: page's end wakes it (no row of its own may ever settle to do so).
-        self._wake_after_page = False
         #: Attempts under way and when each must end (see _reap).
         self._attempts: dict[anyio.CancelScope, float] = {}
         #: The channel's gate as last seen (see _apply_gate): paused; no delivery starts before
@@ -276,9 +273,9 @@ class ChannelWorker:
         self._reserved -= request.limit
         if rows is not None:
             self._take(rows, t_claim)
-        if self._wake_after_page:
-            self._wake_after_page = False
-            self.waker.wake("slot")
+        # The room reserved was perhaps what left none for the claim loop, and no row of its own
+        # may ever settle to wake it (the page's rows went to another daemon).
+        self._woken_for_room()
 
     def gate_changed(self) -> None:
         """The channel was paused, resumed or throttled (a NOTIFY): read its gate again."""
@@ -334,9 +331,7 @@ class ChannelWorker:
                 return Next(self.tick, "paused")  # a resume NOTIFY wakes us sooner
         limit = self._room()
         if not limit:
-            # Settling rows wakes us; so does the materialiser's page when the room it had
-            # reserved was what left none here.
-            self._wake_after_page = self._reserved > 0
+            # A delivery ending, rows settling or a page giving back its reserved room wakes us.
             self._slot_wait = True
             return Next(math.inf, "slot")
         self.claiming += 1
@@ -528,9 +523,8 @@ class ChannelWorker:
         for r in records:
             self.leases.drop(r.key)
             accepted = r.key not in fenced
-            counted[r.outcome if accepted else "fenced"] = (
-                counted.get(r.outcome if accepted else "fenced", 0) + 1
-            )
+            outcome = r.outcome if accepted else "fenced"
+            counted[outcome] = counted.get(outcome, 0) + 1
             if self.tracer is not None:
                 self.tracer.settled(r.key, r.outcome, accepted)
             if accepted and r.status == "delivered" and r.due_at is not None:
@@ -555,7 +549,7 @@ class ChannelWorker:
                 log.log(
                     level,
                     "attempt %s",
-                    r.outcome if accepted else "fenced",
+                    outcome,
                     extra={
                         "work_id": r.work_id,
                         "operation_id": str(r.operation_id),
@@ -564,7 +558,7 @@ class ChannelWorker:
                         "recipient": r.recipient,
                         "channel": self.name,
                         "attempt": r.attempt,
-                        "outcome": r.outcome if accepted else "fenced",
+                        "outcome": outcome,
                         "status": r.status,
                         "duration_ms": round(r.duration * 1000, 2),
                         "http_status": r.http_status,
@@ -576,8 +570,8 @@ class ChannelWorker:
                         ),
                     },
                 )
-        for outcome, n in counted.items():
-            self._m_attempts[outcome].inc(n)
+        for label, n in counted.items():
+            self._m_attempts[label].inc(n)
         self.held -= len(records)
         self.writing -= len(records)
         self._woken_for_room()
