@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -83,7 +85,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     return out
 
 
-@pytest.mark.parametrize("old", [1, 2, 3, 4])
+@pytest.mark.parametrize("old", [1, 2, 3, 4, 6])
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -242,6 +244,14 @@ BAD_ROWS = [
         'remind_before entry "-1 days" with a negative part',
     ),
     (
+        # Positive as a whole (23 hours): only the trigger sees the negative part.
+        "offset with a negative part",
+        "(source, business_key, due_at, remind_before, channel, recipient) "
+        "VALUES ('s', 'k', now(), '{1 day -1 hour}', 'log', 'r')",
+        errors.CheckViolation,
+        'remind_before entry "1 day -01:00:00" with a negative part',
+    ),
+    (
         "absurd offset",
         "(source, business_key, due_at, remind_before, channel, recipient) "
         "VALUES ('s', 'k', now(), '{5 years}', 'log', 'r')",
@@ -313,6 +323,59 @@ async def test_bad_row_in_a_batch_refuses_the_statement_only(
             "VALUES ('s', 'a', '2027-01-01 09:00', 'UTC', 'log', 'r'), ('s', 'b', '2027-01-01 09:00', 'Nowhere/X', 'log', 'r')"
         )
     assert await rows(conn, "SELECT * FROM pgwork.reminder") == []
+
+
+BAD_UPDATES = [
+    ("recipient = ''", "reminder_recipient_valid"),
+    ("payload = '[1]'", "reminder_payload_is_object"),
+    ("remind_before = '{500 days}'", "reminder_remind_before_between_0_and_400_days"),
+    ("remind_before = '{}'", "reminder_remind_before_1_to_16_entries"),
+    ("traceparent = '00-xyz'", "reminder_traceparent_w3c"),
+    ("tracestate = E'a\\nb'", "reminder_tracestate_valid"),
+    ("due_at = '0200-01-01'", "reminder_due_at_sane"),
+]
+
+
+@pytest.mark.parametrize(("change", "rule"), BAD_UPDATES, ids=[b[1] for b in BAD_UPDATES])
+async def test_a_bad_value_written_by_an_update_is_refused(
+    conn: psycopg.AsyncConnection[Any], change: str, rule: str
+) -> None:
+    """An app's UPDATE of one column meets that column's value rule as its INSERT did (most of
+    the rules are domains now, which check a value where it is written)."""
+    await add(conn, "k", channel="log")
+    before = await rows(conn, "SELECT * FROM pgwork.reminder")
+    with pytest.raises(errors.CheckViolation) as info:
+        await conn.execute(f"UPDATE pgwork.reminder SET {change}")
+    assert info.value.diag.constraint_name == rule, str(info.value)
+    assert await rows(conn, "SELECT * FROM pgwork.reminder") == before
+
+
+async def test_operation_id_is_the_digest_of_the_occurrence(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The idempotency key receivers store: md5 over the occurrence's identity (reminder id,
+    source, business key, deadline and offset as epoch seconds), the same in every version."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, channel, recipient) "
+        "VALUES ('lease-renewal', 'property:7/lease:42', '2027-06-01 09:00:00.25+00', '{7 days, 0}', 'log', 'r')"
+    )
+    got = await rows(
+        conn,
+        "SELECT r.id, b AS occurrence, pgwork.operation_id(r.id, r.source, r.business_key, r.due_at, b) AS op "
+        "FROM pgwork.reminder r CROSS JOIN LATERAL unnest(r.remind_before) AS b ORDER BY b",
+    )
+    deadline = datetime(2027, 6, 1, 9, 0, 0, 250000, tzinfo=UTC).timestamp()
+    for r in got:
+        text = "\x1f".join(
+            [
+                str(r["id"]),
+                "lease-renewal",
+                "property:7/lease:42",
+                f"{deadline:.6f}",
+                f"{r['occurrence'].total_seconds():.6f}",
+            ]
+        )
+        assert str(r["op"]) == str(uuid.UUID(hashlib.md5(text.encode()).hexdigest())), r
 
 
 async def test_identity_cannot_change(conn: psycopg.AsyncConnection[Any]) -> None:
