@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -53,29 +54,59 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
 
 
 def _fields(record: logging.LogRecord, redact_mode: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in record.__dict__.items():
-        if k in _STANDARD or k.startswith("_"):
-            continue
-        if k in PERSONAL and v is not None:
-            if redact_mode == "drop":
+    # A comprehension over the record's attributes: a line per attempt is the daemon's most
+    # frequent work after the delivery itself (see bench/README.md, "The log line per attempt").
+    out = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k[:1] != "_"}
+    if redact_mode != "none":
+        for k in PERSONAL:
+            v = out.get(k)
+            if v is None:
                 continue
-            if redact_mode == "hash":
-                v = "h:" + hashlib.sha256(str(v).encode()).hexdigest()[:16]
-        if isinstance(v, str) and _SECRETS:
-            v = redact(v)
-        out[k] = v
+            if redact_mode == "drop":
+                del out[k]
+            else:
+                out[k] = "h:" + hashlib.sha256(str(v).encode()).hexdigest()[:16]
+    if _SECRETS:
+        for k, v in out.items():
+            if isinstance(v, str):
+                out[k] = redact(v)
     return out
+
+
+class _UtcMillis:
+    """``datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")``, with the part up to
+    the second made once per second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self, t: float) -> str:
+        # Rounded to the microsecond as datetime.fromtimestamp rounds, then cut to milliseconds.
+        frac, whole = math.modf(t)
+        micros = round(frac * 1e6)
+        second = int(whole)
+        if micros >= 1_000_000:
+            second, micros = second + 1, micros - 1_000_000
+        elif micros < 0:
+            second, micros = second - 1, micros + 1_000_000
+        if second != self._second:
+            self._second = second
+            self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._prefix}.{micros // 1000:03d}+00:00"
 
 
 class JsonFormatter(logging.Formatter):
     def __init__(self, redact_mode: str = "none") -> None:
         super().__init__()
         self.redact_mode = redact_mode
+        self._ts = _UtcMillis()
+        # One encoder: json.dumps with any argument builds a new one for every line.
+        self._encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": self._ts(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": redact(record.getMessage()),
@@ -83,7 +114,7 @@ class JsonFormatter(logging.Formatter):
         doc.update(_fields(record, self.redact_mode))
         if record.exc_info:
             doc["error"] = redact(self.formatException(record.exc_info))
-        return json.dumps(doc, default=str, ensure_ascii=False)
+        return self._encode(doc)
 
 
 class TextFormatter(logging.Formatter):
@@ -110,6 +141,12 @@ def setup(fmt: str = "auto", level: str = "info", redact_mode: str = "none") -> 
     handler.setFormatter(
         JsonFormatter(redact_mode) if fmt == "json" else TextFormatter(redact_mode)
     )
+    # No line shows the caller's file, thread or process: leave them out of every record
+    # (the logging HOWTO's "Optimization"; finding the caller alone walks the stack per line).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
