@@ -72,8 +72,8 @@ async def test_claim_loop_does_not_spin_on_a_due_row_locked_by_an_app(
     assert passes <= 25, f"{passes} claim passes in one second"
 
 
-async def _status_is(conn: psycopg.AsyncConnection[Any], status: str) -> bool:
-    return [w["status"] for w in await work(conn)] == [status]
+async def _status_is(conn: psycopg.AsyncConnection[Any], *status: str) -> bool:
+    return [w["status"] for w in await work(conn)] == list(status)
 
 
 async def test_materialiser_pages_from_the_earliest_accepted_deadline_without_spinning(
@@ -193,6 +193,44 @@ async def test_attempt_timeout_bounds_a_hung_python_target(
     assert [(x["outcome"], x["error_class"]) for x in ledger] == [
         ("retry", "AttemptTimeout"),
         ("delivered", None),
+    ]
+
+
+async def test_a_target_that_swallows_its_timeout_leaves_the_next_attempt_alone(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A target that catches the cancellation of its overdue attempt and returns keeps that
+    answer, and the worker's next attempt runs its full time: the timeout ends one attempt."""
+    started = anyio.Event()
+
+    async def swallow(d: Delivery) -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        except BaseException:  # what a careless target does with the cancellation
+            return
+
+    async def slow(d: Delivery) -> None:
+        await anyio.sleep(0.5)  # longer than a reaper tick, shorter than the limit
+
+    sink.BEHAVIOUR["swallow"] = swallow
+    sink.BEHAVIOUR["next"] = slow
+    from dataclasses import replace
+
+    cfg = config(replace(python_channel(concurrency=1), attempt_timeout=0.8))
+    async with running(cfg, dsn):
+        await add(conn, "swallow")
+        await started.wait()
+        await add(conn, "next")
+        await until(lambda: _status_is(conn, "delivered", "delivered"), what="both delivered")
+    ledger = await rows(
+        conn,
+        "SELECT w.business_key, a.outcome, a.error_class FROM pgwork.attempt a "
+        "JOIN pgwork.renewal_work w ON w.id = a.work_id ORDER BY a.finished_at",
+    )
+    assert [(x["business_key"], x["outcome"], x["error_class"]) for x in ledger] == [
+        ("swallow", "delivered", None),
+        ("next", "delivered", None),
     ]
 
 

@@ -9,7 +9,7 @@ import math
 import time
 from collections import deque
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import store
 from ..channels import Channel, Delivered, Delivery, Retry
 from ..channels.policy import decide
+from ..channels.types import Outcome
 from ..clock import Clock
 from ..config import Config
 from ..supervise import Next, Supervisor
@@ -29,6 +30,14 @@ from .leases import Held, Leases, release_all
 from .outcomes import OutcomeWriter, Record, clean_delay, clean_text
 
 log = logging.getLogger("pgwork.worker")
+
+
+class _Started(NamedTuple):
+    """An attempt under way: what the channel was given, when (monotonic), its trace span."""
+
+    delivery: Delivery
+    t0: float
+    span: Any
 
 
 class ChannelWorker:
@@ -415,56 +424,77 @@ class ChannelWorker:
             self._idle.pop().set()
 
     async def _worker(self) -> None:
+        """Runs deliveries one after another inside one cancel scope, which the reaper cancels
+        when the attempt under way is overdue (a scope per attempt cost ~18 µs of a no-op
+        delivery's ~100). A cancelled scope is left at once and a new one made, so the
+        cancellation ends that one attempt: the next starts in a fresh scope."""
         done = 0
         while not self._closed:
-            if not self._queue or self.paused:
-                ev = anyio.Event()
-                self._idle.append(ev)
-                await ev.wait()
-                continue
-            if self._hold_until:
-                # Throttled: queued rows wait (their leases are kept) until the hold passes.
-                hold = self._hold_until - time.monotonic()
-                if hold > 0:
-                    # In slices: a resume (or a stop) ends the hold early.
-                    await anyio.sleep(min(hold, self.HOLD_SLICE))
-                    continue
-                self._hold_until = 0.0
-            row = self._queue.popleft()
-            await self._deliver(row)
-            done += 1
-            if done % self.YIELD_EVERY == 0:
-                await anyio.lowlevel.checkpoint()
+            row: store.Claimed | None = None
+            started: _Started | None = None
+            with anyio.CancelScope() as scope:
+                while not self._closed:
+                    if not self._queue or self.paused:
+                        ev = anyio.Event()
+                        self._idle.append(ev)
+                        await ev.wait()
+                        continue
+                    if self._hold_until:
+                        # Throttled: queued rows wait (their leases are kept) until the hold
+                        # passes.
+                        hold = self._hold_until - time.monotonic()
+                        if hold > 0:
+                            # In slices: a resume (or a stop) ends the hold early.
+                            await anyio.sleep(min(hold, self.HOLD_SLICE))
+                            continue
+                        self._hold_until = 0.0
+                    row = self._queue.popleft()
+                    started = self._start(row)
+                    self._attempts[scope] = started.t0 + self.attempt_timeout
+                    try:
+                        outcome = await self._call(started.delivery)
+                    finally:
+                        del self._attempts[scope]
+                        self.active -= 1
+                    self._finish(row, started, outcome)
+                    row = None
+                    if scope.cancel_called:
+                        break  # the target kept its answer from a timed-out attempt
+                    done += 1
+                    if done % self.YIELD_EVERY == 0:
+                        await anyio.lowlevel.checkpoint()
+            if row is not None and started is not None:
+                # Left by the reaper's cancellation: this attempt timed out.
+                self._finish(
+                    row,
+                    started,
+                    Retry(
+                        error=f"attempt timed out after {self.attempt_timeout:g}s "
+                        f"(channels.{self.name}.attempt_timeout)",
+                        error_class="AttemptTimeout",
+                    ),
+                )
 
-    async def _deliver(self, row: store.Claimed) -> None:
+    def _start(self, row: store.Claimed) -> _Started:
         traceparent, tracestate = row.traceparent, row.tracestate
+        span = None
         if self.tracer is not None:
             span, traceparent, tracestate = self.tracer.deliver_start(
                 (row.id, row.lease), self.name, self.channel.config.kind
             )
-        d = Delivery.from_claim(row, traceparent, tracestate)
-        t0 = time.monotonic()
         self.active += 1
+        return _Started(Delivery.from_claim(row, traceparent, tracestate), time.monotonic(), span)
+
+    async def _call(self, d: Delivery) -> Outcome:
+        # The whole attempt is bounded: a receiver dripping bytes or a hung target is a retry
+        # (the reaper cancels the worker's scope once the attempt is overdue).
         try:
-            # The whole attempt is bounded: a receiver dripping bytes or a hung target is a retry.
-            # The scope has no deadline of its own (a timer per delivery cost ~12% of the
-            # burn-down rate); the channel's reaper cancels it once it is overdue.
-            with anyio.CancelScope() as scope:
-                self._attempts[scope] = t0 + self.attempt_timeout
-                try:
-                    outcome = await self.channel.deliver(d)
-                finally:
-                    del self._attempts[scope]
-            if scope.cancelled_caught:
-                outcome = Retry(
-                    error=f"attempt timed out after {self.attempt_timeout:g}s "
-                    f"(channels.{self.name}.attempt_timeout)",
-                    error_class="AttemptTimeout",
-                )
+            return await self.channel.deliver(d)
         except Exception as e:  # a channel bug or a receiver problem: retry with backoff
-            outcome = Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
-        finally:
-            self.active -= 1
+            return Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
+
+    def _finish(self, row: store.Claimed, started: _Started, outcome: Outcome) -> None:
+        d, t0, span = started
         t1 = time.monotonic()
         elapsed = t1 - t0
         self._m_duration.observe(elapsed)
