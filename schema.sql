@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (7);
+INSERT INTO pgwork.schema_version (version) VALUES (8);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -756,12 +756,15 @@ COMMENT ON VIEW pgwork.reminder_status IS
 --
 -- 2. One keyset page of reminders with an occurrence firing at or before the cutoff: insert
 --    their work rows, advance each reminder's next_fire_at past the cutoff ('infinity' when
---    nothing is left), and NOTIFY the workers of every daemon when it made rows (due now, or
---    later: their claim timers must learn of them; the payload names the daemon whose
---    materialiser made them: its own workers know already). Only occurrences at or after the
---    reminder's progress (next_fire_at) are inserted, and never one that retention retired: an
---    occurrence is materialised once per deadline, whatever retention deleted since. A repeat is
---    a no-op; a superseded row for the same deadline is revived because the deadline came back.
+--    nothing is left), and NOTIFY the workers of every daemon when it made rows left for a
+--    claim (ready: due now, or later, which their claim timers must learn of; the payload names
+--    the daemon whose materialiser made them: its own workers know already). Rows the page
+--    claimed or closed as expired are no other daemon's business: told of them, every other
+--    daemon would run a claim that finds nothing, once per reminder due now. Only occurrences
+--    at or after the reminder's progress (next_fire_at) are inserted, and never one that
+--    retention retired: an occurrence is materialised once per deadline, whatever retention
+--    deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
+--    because the deadline came back.
 --    Reminders locked by an app's transaction are skipped (their progress is unchanged, so the
 --    next pass takes them); the caller sees that in next_fire_at.
 --    One hop for work due now: up to room occurrences due now of each of the daemon's channels
@@ -915,7 +918,7 @@ BEGIN
                (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
                (SELECT count(*) FROM made m WHERE m.status = 'expired') AS skipped,
                (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
-                                       WHERE EXISTS (SELECT 1 FROM made)) AS n) AS notified,
+                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')) AS n) AS notified,
                (SELECT min(m.due_at) FROM made m) AS earliest_made,
                l.next_fire_at AS last_at, l.id AS last_id
           FROM (SELECT 1) AS one

@@ -86,6 +86,34 @@ async def test_a_reminder_due_now_is_claimed_by_the_page_that_makes_it(
         assert [(n.channel, n.payload) for n in told] == [("pgwork_work", "d1")]
 
 
+async def test_a_page_that_claimed_all_it_made_tells_no_other_daemon(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Work claimed by the page is no other daemon's to claim: a NOTIFY would only make each of
+    them run a claim that finds nothing (per reminder due now, in a fleet). A row left ready
+    still wakes them (the same listener, as a control)."""
+    await add(conn, "now")
+    c = Claimer(request(daemon_id="d1"))
+    async with (
+        await db.connect(dsn) as daemon,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other,
+    ):
+        await other.execute("LISTEN pgwork_work")
+        res = await materialiser.run_once(
+            daemon, lookahead=300, page_size=100, claimers=[c], origin="d1"
+        )
+        assert res is not None and res.made == 1
+        assert [len(g or ()) for g in c.got] == [1]
+        assert [n async for n in other.notifies(timeout=0.5, stop_after=1)] == []
+        await add(conn, "soon", "now() + interval '1 minute'")
+        res = await materialiser.run_once(
+            daemon, lookahead=300, page_size=100, claimers=[c], origin="d1"
+        )
+        assert res is not None and res.made == 1
+        told = [n async for n in other.notifies(timeout=1, stop_after=1)]
+        assert [(n.channel, n.payload) for n in told] == [("pgwork_work", "d1")]
+
+
 async def test_only_the_first_page_of_a_pass_claims(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
