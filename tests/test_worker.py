@@ -562,6 +562,56 @@ async def test_heartbeat_and_outcome_flush_do_not_deadlock(
     assert await count(conn, "status = 'delivered'") == 2000
 
 
+async def test_a_heartbeat_passes_over_a_row_being_written_and_still_holds_it(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """An outcome flush holds its rows' locks until it commits: the heartbeat does not wait for
+    it (nor deadlock with it), does not push that row's lease, and does not call it lost; the
+    rows it could lock get their lease pushed. A row another lease took is lost."""
+    for k in ("a", "b", "c"):
+        await add(conn, k)
+    await materialise(dsn)
+    async with await db.connect(dsn) as c:
+        held = await statement(
+            c,
+            "claim_work",
+            {
+                "channel": "test",
+                "limit": 10,
+                "max_attempts": 5,
+                "lease": timedelta(seconds=60),
+                "daemon_id": "d",
+                "expire_after": None,
+            },
+        )
+    assert len(held) == 3
+    busy, free, taken = sorted(r["id"] for r in held)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET lease = lease + 1 WHERE id = %s", (taken,)
+    )  # as a reclaim by another daemon would
+    before = {r["id"]: r["available_at"] for r in await work(conn)}
+    async with await db.connect(dsn) as writer, await db.connect(dsn) as hb:
+        async with writer.transaction():
+            await writer.execute(
+                "SELECT 1 FROM pgwork.renewal_work WHERE id = %s FOR UPDATE", (busy,)
+            )
+            with anyio.fail_after(3):  # waiting for the lock would take lock_timeout (5 s)
+                kept = await statement(
+                    hb,
+                    "extend_leases",
+                    {
+                        "work_id": [r["id"] for r in held],
+                        "lease_no": [r["lease"] for r in held],
+                        "lease": timedelta(seconds=600),
+                    },
+                )
+    assert sorted(r["id"] for r in kept) == [busy, free]
+    after = {r["id"]: r["available_at"] for r in await work(conn)}
+    assert after[busy] == before[busy]
+    assert after[free] > before[free] + timedelta(seconds=300)
+    assert after[taken] == before[taken]
+
+
 async def test_rows_waiting_for_their_outcome_leave_the_prefetch_to_claims(
     dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
