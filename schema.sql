@@ -1,4 +1,4 @@
--- pgwork schema, version 7. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 8. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:

@@ -29,7 +29,7 @@ from .duties.deliver import Deliveries
 from .duties.gauges import Gauges
 from .duties.leases import Heartbeat, Leases
 from .duties.listener import Listener
-from .duties.materialise import Materialiser
+from .duties.materialise import Materialiser, warm_pages
 from .duties.outcomes import OutcomeWriter
 from .duties.retention import RetentionDuty
 from .metrics import Metrics, serve_metrics
@@ -130,6 +130,8 @@ class Daemon:
             )
             try:
                 await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
+                if not self.pooled:  # behind PgBouncer, a session is not a server connection
+                    await warm_pages(pool, self.cfg.pool_size)
                 await self._run(pool, channels, task_status)
             finally:
                 with anyio.CancelScope(shield=True):

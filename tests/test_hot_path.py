@@ -394,3 +394,29 @@ async def _made(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
 
 async def _woken(d: Any, wakeups: Any, before: float) -> bool:
     return bool(wakeups(d) > before)
+
+
+async def test_warming_a_new_pool_plans_the_page_on_every_connection_and_changes_nothing(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """PL/pgSQL compiles the page function and plans its statements once per session (~10 ms);
+    without warming, the first reminder paged on each of a new pool's connections paid for it,
+    a latency outlier per connection. Warming runs a page of no reminders on every connection:
+    a reminder already due is not materialised by it."""
+    await add(conn, "due", "now() - interval '1 minute'")
+    pool = db.make_pool(dsn, 3, 5)
+    await pool.open(wait=True)
+    try:
+        assert await materialiser.warm_pages(pool, 3) == 3
+        # Each of the pool's three sessions ran the page last.
+        (seen,) = await rows(
+            conn,
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND query LIKE '%pgwork.materialise_page(%'",
+        )
+        assert seen["n"] == 3
+    finally:
+        await pool.close()
+    assert await work(conn) == []
+    (r,) = await rows(conn, "SELECT next_fire_at FROM pgwork.reminder")
+    assert r["next_fire_at"] is None
