@@ -14,7 +14,7 @@ import anyio.lowlevel
 import psycopg
 from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from .. import store
 from ..supervise import Next, Supervisor
@@ -57,7 +57,7 @@ async def warm_pages(pool: AsyncConnectionPool[AsyncConnection[Any]], size: int)
                 limit=0,
             )
             warmed += page is not None
-    except (psycopg.Error, PoolTimeout) as e:
+    except psycopg.Error as e:  # PoolTimeout, a lost connection, a failed page
         log.warning(
             "could not warm the pool's connections (%d of %d): %s",
             warmed,
