@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import urllib.request
 from collections import Counter
@@ -34,6 +35,25 @@ from .receiver import Answer, Receiver
 from .test_cli import pgwork
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
+
+
+def _two_free_ports() -> int:
+    """The first of two consecutive ports free now, taken below the kernel's ephemeral range:
+    a port there is never handed to an outgoing connection (a daemon's own, to Postgres) or to
+    a bind of port 0, so none can take it between this check and the daemon's bind. (Asking
+    the kernel for port 0 and using the next one up, as this test once did, lost that race.)"""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = list(range(max(1024, low - 12000), low - 1))
+    random.shuffle(candidates)
+    for first in candidates[:500]:
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", first))
+                b.bind(("127.0.0.1", first + 1))
+            except OSError:
+                continue
+        return first
+    raise AssertionError(f"no two consecutive free ports below {low}")
 
 
 async def _flood(conn: psycopg.AsyncConnection[Any], source: str, n: int, due: str) -> None:
@@ -241,9 +261,7 @@ def test_daemons_on_one_host_share_a_config_and_serve_metrics_on_their_own_ports
 ) -> None:
     """One config for every daemon of a host: metrics.listen names a range (each takes the
     first free port) or port 0 (any free port); `pgwork status` shows where each serves."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        first = s.getsockname()[1]
+    first = _two_free_ports()
     ranged = f"127.0.0.1:{first}-{first + 1}"
     for listen in (ranged, ranged, "127.0.0.1:0"):
         procs(
