@@ -17,6 +17,7 @@ import pytest
 
 from pgwork import db, store
 from pgwork.channels import Delivery
+from pgwork.channels.types import PayloadError, decode_payload
 from pgwork.duties import materialise as materialiser
 from pgwork.metrics import Metrics
 from pgwork.supervise import Supervisor
@@ -304,6 +305,54 @@ async def test_a_delivery_from_a_claimed_row_is_the_dataclass_its_fields_make(
     assert d.payload == json.loads(row.payload or "")
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.attempt = 2  # type: ignore[misc]
+
+
+async def test_a_payload_is_decoded_as_json_loads_decodes_it(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The delivery decodes its payload with json's scanner alone when that reads the whole
+    text (Postgres's jsonb text), and with json.loads otherwise: the value, or the refusal, must
+    be what json.loads gives, for texts as Postgres writes them and for texts it never writes."""
+    docs = ['{"a": 1}', '{"b": [1, 2.50, {"c": null}], "a": "\\u00e9"}', "{}", '{"n": 1e400}']
+    cur = await conn.execute("SELECT d::jsonb::text FROM unnest(%s::text[]) AS d", (docs,))
+    stored = [t for (t,) in await cur.fetchall()]
+    deep = '{"a": ' + "[" * 3000 + "]" * 3000 + "}"
+    odd = [
+        " {}",
+        "{} ",
+        "{}\n",
+        "{}x",
+        "{}{}",
+        "",
+        "[]",
+        "1",
+        "null",
+        '"{}"',
+        "{",
+        deep,
+        '{"a": NaN}',
+    ]
+    for text in stored + odd:
+        try:
+            want: Any = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            want = PayloadError(f"payload cannot be decoded: {type(e).__name__}")
+        if not isinstance(want, dict | PayloadError):
+            want = PayloadError("payload is not a JSON object")
+        try:
+            got: Any = decode_payload(text)
+        except PayloadError as e:
+            got = e
+        if isinstance(want, PayloadError):
+            assert isinstance(got, PayloadError) and str(got) == str(want), text[:40]
+        else:
+            assert got == want and type(got) is dict, text[:40]
+    d = Delivery.from_claim(
+        store.Claimed._make([None] * len(store.Claimed._fields))._replace(
+            recipient="r", payload=stored[0]
+        )
+    )
+    assert d.payload == {"a": 1} and vars(d)["payload"] is d.payload  # decoded once, then kept
 
 
 async def test_claimed_rows_are_read_by_column_name_checked_once(

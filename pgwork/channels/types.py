@@ -5,12 +5,61 @@ share. A channel gets a :class:`Delivery` and answers :class:`Delivered`, :class
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
 from ..config import ChannelConfig
 from ..store import Claimed, Occurrence
+
+T = TypeVar("T")
+
+#: The C scanner behind json.loads, without its Python wrapper (two regular-expression matches
+#: for surrounding whitespace: 2.2 of json.loads's 2.6 µs for '{}' on this machine class).
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+class _once(Generic[T]):
+    """``functools.cached_property`` without its lock: on Python 3.11 that takes an RLock on
+    every first access (2.3 µs, once per delivery). Computed on the first access and kept in the
+    instance's ``__dict__``, which later reads find first; a race can only compute it twice."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | Self:
+        if obj is None:
+            return self
+        value: T = self.fn(obj)
+        obj.__dict__[self.name] = value
+        return value
+
+
+def decode_payload(text: str) -> dict[str, Any]:
+    """A stored payload decoded, as ``json.loads`` does it. :raises PayloadError: when it cannot
+    be decoded or is not an object.
+
+    Postgres writes ``jsonb`` as text without surrounding whitespace, so the scanner alone reads
+    it; anything it does not read to the end (whitespace, extra data, an error) goes through
+    ``json.loads``, which says what is wrong."""
+    try:
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:
+            end = -1
+        if end != len(text):
+            value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise PayloadError(f"payload cannot be decoded: {type(e).__name__}") from None
+    if not isinstance(value, dict):
+        raise PayloadError("payload is not a JSON object")
+    return value
 
 
 @dataclass(frozen=True)
@@ -59,17 +108,11 @@ class Delivery(Occurrence):
         )
         return d
 
-    @cached_property
+    @_once
     def payload(self) -> dict[str, Any]:
         """The payload decoded (numbers become ints and floats). :raises PayloadError: when it
         cannot be decoded."""
-        try:
-            value = json.loads(self.payload_json)
-        except (ValueError, RecursionError) as e:
-            raise PayloadError(f"payload cannot be decoded: {type(e).__name__}") from None
-        if not isinstance(value, dict):
-            raise PayloadError("payload is not a JSON object")
-        return value
+        return decode_payload(self.payload_json)
 
     def document_json(self) -> str:
         """The JSON document a webhook receives, as text; the payload is spliced in as stored."""
