@@ -19,6 +19,7 @@ from pgwork import db, store
 from pgwork.channels import Delivery
 from pgwork.channels.types import PayloadError, decode_payload
 from pgwork.duties import materialise as materialiser
+from pgwork.duties.outcomes import Record
 from pgwork.metrics import Metrics
 from pgwork.supervise import Supervisor
 from pgwork.waker import WakerGroup
@@ -353,6 +354,77 @@ async def test_a_payload_is_decoded_as_json_loads_decodes_it(
         )
     )
     assert d.payload == {"a": 1} and vars(d)["payload"] is d.payload  # decoded once, then kept
+
+
+async def test_an_outcome_record_is_the_json_object_its_fields_make(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The outcome writer writes each record's JSON with an f-string: it must be the object
+    json.dumps makes of the fields (absent ones left out, times as seconds ago, never below 0),
+    and Postgres must read a batch of them back as record_outcomes does."""
+    now = time.monotonic()
+    base: dict[str, Any] = {"lease": 2, "attempt": 1, "retry_after": None}
+    records = [
+        Record(
+            work_id=7,
+            channel="noop",
+            outcome="delivered",
+            status="delivered",
+            started=now - 0.25,
+            finished=now - 1e-7,
+            **base,
+        ),
+        Record(
+            work_id=2**40,
+            channel='we"ird\\\u00e9\n',
+            outcome="retry",
+            status="ready",
+            started=now + 1.0,
+            finished=now,
+            http_status=503,
+            error_class="HTTPError",
+            error='x\n"y\u2028\x01',
+            receipt={"a": [1, 2.5, None]},
+            throttle=2.5,
+            pause="gone",
+            **{**base, "retry_after": 1e-7},
+        ),
+        Record(
+            work_id=9,
+            channel="noop",
+            outcome="failed",
+            status="dead",
+            started=now - 3,
+            finished=now - 2,
+            error="no",
+            **base,
+        ),
+    ]
+    names = ["retry_after", "http_status", "error_class", "error", "receipt", "throttle", "pause"]
+    for r in records:
+        want = {
+            "work_id": r.work_id,
+            "lease": r.lease,
+            "attempt": r.attempt,
+            "channel": r.channel,
+            "outcome": r.outcome,
+            "status": r.status,
+            "started_ago": max(0.0, now - r.started),
+            "finished_ago": max(0.0, now - r.finished),
+            **{k: getattr(r, k) for k in names if getattr(r, k) is not None},
+        }
+        assert json.loads(r.json_text(now)) == want
+    batch = "[" + ",".join(r.json_text(now) for r in records) + "]"
+    cur = await conn.execute(
+        "SELECT work_id, channel, error, receipt, started_ago, retry_after FROM jsonb_to_recordset(%s::jsonb)"
+        " AS o(work_id bigint, channel text, error text, receipt jsonb, started_ago float8,"
+        " retry_after float8)",
+        (batch,),
+    )
+    assert await cur.fetchall() == [
+        (r.work_id, r.channel, r.error, r.receipt, max(0.0, now - r.started), r.retry_after)
+        for r in records
+    ]
 
 
 async def test_claimed_rows_are_read_by_column_name_checked_once(
