@@ -15,10 +15,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from uuid import UUID
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncRawCursor
 from psycopg.rows import BaseRowFactory, RowMaker, class_row, dict_row
 
-from .queries import Q
+from .queries import P, Q
 
 if TYPE_CHECKING:
     from .config import ChannelConfig
@@ -462,14 +462,15 @@ class ClaimRequest:
 
 async def claim_work(conn: Conn, req: ClaimRequest) -> list[Claimed]:
     """claim_work on its own (with channel_lock in the same transaction and round trip)."""
+    claim = P["claim_work"]
     if not req.lock_channel:
-        async with conn.cursor(row_factory=_tuple_rows(Claimed)) as cur:
-            await cur.execute(Q["claim_work"], req.params())
+        async with AsyncRawCursor(conn, row_factory=_tuple_rows(Claimed)) as cur:
+            await cur.execute(claim.sql, claim.args(req.params()))
             return await cur.fetchall()
     async with conn.pipeline(), conn.transaction():
         await conn.execute(Q["channel_lock"], {"channel": req.channel})
-        cur = conn.cursor(row_factory=_tuple_rows(Claimed))
-        await cur.execute(Q["claim_work"], req.params())
+        cur = AsyncRawCursor(conn, row_factory=_tuple_rows(Claimed))
+        await cur.execute(claim.sql, claim.args(req.params()))
     return await cur.fetchall()
 
 
@@ -504,12 +505,11 @@ class Unapplied:
 async def record_outcomes(
     conn: Conn, *, outcomes: str, daemon_id: str, host: str, pid: int
 ) -> list[Unapplied]:
-    return await _rows(
-        conn,
-        "record_outcomes",
-        Unapplied,
-        {"outcomes": outcomes, "daemon_id": daemon_id, "host": host, "pid": pid},
-    )
+    record = P["record_outcomes"]
+    params = {"outcomes": outcomes, "daemon_id": daemon_id, "host": host, "pid": pid}
+    async with AsyncRawCursor(conn, row_factory=class_row(Unapplied)) as cur:
+        await cur.execute(record.sql, record.args(params))
+        return await cur.fetchall()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pgwork.channels.types import PayloadError, decode_payload
 from pgwork.duties import materialise as materialiser
 from pgwork.duties.outcomes import Record
 from pgwork.metrics import Metrics
+from pgwork.queries import P, Q, positional
 from pgwork.supervise import Supervisor
 from pgwork.waker import WakerGroup
 
@@ -425,6 +426,27 @@ async def test_an_outcome_record_is_the_json_object_its_fields_make(
         (r.work_id, r.channel, r.error, r.receipt, max(0.0, now - r.started), r.retry_after)
         for r in records
     ]
+
+
+def test_long_statements_are_sent_as_psycopg_would_send_them() -> None:
+    """The statements psycopg would convert on every call (longer than its cache allows) are
+    converted once at import: the text and the order of the parameters must be psycopg's own
+    (read through its private converter, as nothing public exposes it)."""
+    from psycopg._queries import PostgresQuery
+    from psycopg.adapt import Transformer
+
+    assert (
+        set(P)
+        == {n for n, sql in Q.items() if len(sql) > 4096}
+        >= {"claim_work", "record_outcomes"}
+    )
+    for name, pos in P.items():
+        pq = PostgresQuery(Transformer())
+        pq.convert(Q[name], {n: None for n in pos.names})
+        assert (pq.query, pq._order) == (pos.sql.encode(), list(pos.names)), name
+    assert positional("a %(x)s, %(y)s %% %(x)s") == ("a $1, $2 % $1", ("x", "y"))
+    with pytest.raises(ValueError, match="lone %"):
+        positional("LIKE 'a%' AND %(x)s")
 
 
 async def test_claimed_rows_are_read_by_column_name_checked_once(
