@@ -25,12 +25,19 @@ class Clock:
     def __init__(self) -> None:
         self._mono = time.monotonic()
         self._db = datetime.now(UTC)
+        self._db_s = self._db.timestamp()
         #: Database clock minus host clock, seconds (positive: the host is behind).
         self.skew = 0.0
 
     def db_time(self, mono: float) -> datetime:
         """The database-clock instant at monotonic time ``mono``."""
         return self._db + timedelta(seconds=mono - self._mono)
+
+    def seconds_since(self, instant: datetime, mono: float) -> float:
+        """Seconds from ``instant`` to monotonic time ``mono``, by the database's clock: what
+        ``(db_time(mono) - instant).total_seconds()`` is, in float arithmetic (a lateness figure
+        per delivery: half the time of building the datetime and the timedelta)."""
+        return self._db_s + (mono - self._mono) - instant.timestamp()
 
     def now(self) -> datetime:
         return self.db_time(time.monotonic())
@@ -41,7 +48,7 @@ class Clock:
         db_now = await store.db_now(conn)
         t1 = time.monotonic()
         host_now = datetime.now(UTC) - timedelta(seconds=(t1 - t0) / 2)
-        self._mono, self._db = (t0 + t1) / 2, db_now
+        self._mono, self._db, self._db_s = (t0 + t1) / 2, db_now, db_now.timestamp()
         self.skew = (db_now - host_now).total_seconds()
         return self.skew
 

@@ -377,6 +377,7 @@ async def test_a_skewed_host_clock_is_reported_at_start(
         assert -2.5 < d.clock.skew < -1.5
         # Times still come out by the database's clock.
         assert abs((d.clock.now() - datetime.now(UTC)).total_seconds()) < 0.5
+        assert abs(d.clock.seconds_since(datetime.now(UTC), time.monotonic())) < 0.5
     assert any("2.0s ahead of the database's" in r.getMessage() for r in caplog.records)
 
 
@@ -384,6 +385,9 @@ def test_clock_maps_monotonic_time() -> None:
     c = Clock()
     t = time.monotonic()
     assert abs((c.db_time(t + 10) - c.db_time(t)).total_seconds() - 10) < 1e-6
+    for instant in (c.db_time(t - 3.5), datetime(2020, 2, 29, 12, tzinfo=UTC), c.db_time(t + 1)):
+        want = (c.db_time(t) - instant).total_seconds()
+        assert abs(c.seconds_since(instant, t) - want) < 1e-5
 
 
 # -- item 13: daemons that are gone ------------------------------------------------------------

@@ -559,8 +559,8 @@ class ChannelWorker:
                 self.tracer.settled(r.key, r.outcome, accepted)
             if accepted and r.status == "delivered" and r.due_at is not None:
                 # Both instants by the database's clock (see Clock).
-                finished_at = self.clock.db_time(r.finished)
-                self._m_lateness.observe(max(0.0, (finished_at - r.due_at).total_seconds()))
+                late = self.clock.seconds_since(r.due_at, r.finished)
+                self._m_lateness.observe(late if late > 0.0 else 0.0)
                 if r.outcome == "duplicate":
                     self._m_duplicates.inc()
             if r.status == "ready":
