@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..config import ChannelConfig
 from ..logs import personal
-from .types import Delivered, Delivery, Outcome
+from .types import DELIVERED, Delivery, Outcome
 
 
 @dataclass
@@ -33,7 +33,7 @@ class LogChannel:
                 "attempt": d.attempt,
             },
         )
-        return Delivered()
+        return DELIVERED
 
     async def aclose(self) -> None:
         return None

