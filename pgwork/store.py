@@ -15,8 +15,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from uuid import UUID
 
-from psycopg import AsyncConnection, AsyncRawCursor
-from psycopg.rows import BaseRowFactory, RowMaker, class_row, dict_row
+from psycopg import AsyncConnection, AsyncCursor, AsyncRawCursor
+from psycopg.rows import AsyncRowFactory, BaseRowFactory, RowMaker, class_row, dict_row
 
 from .queries import P, Q
 
@@ -27,11 +27,28 @@ Conn = AsyncConnection[Any]
 T = TypeVar("T")
 
 
+def _cursor(conn: Conn, name: str, row_factory: AsyncRowFactory[T]) -> AsyncCursor[T]:
+    """A cursor for statement ``name``: a raw one for those converted to ``$n`` at import
+    (``queries.P``: too long for psycopg's conversion cache), which ``_execute`` sends as such."""
+    if name in P:
+        return AsyncRawCursor(conn, row_factory=row_factory)
+    return conn.cursor(row_factory=row_factory)
+
+
+async def _execute(cur: AsyncCursor[Any], name: str, params: dict[str, Any]) -> None:
+    """Run statement ``name`` on a cursor made by ``_cursor`` for it."""
+    pos = P.get(name)
+    if pos is None:
+        await cur.execute(Q[name], params)
+    else:
+        await cur.execute(pos.sql, pos.args(params))
+
+
 async def _rows(
     conn: Conn, name: str, cls: type[T], params: dict[str, Any] | None = None
 ) -> list[T]:
-    async with conn.cursor(row_factory=class_row(cls)) as cur:
-        await cur.execute(Q[name], params or {})
+    async with _cursor(conn, name, class_row(cls)) as cur:
+        await _execute(cur, name, params or {})
         return await cur.fetchall()
 
 
@@ -75,8 +92,8 @@ async def _exec(conn: Conn, name: str, params: dict[str, Any] | None = None) -> 
 
 async def _dicts(conn: Conn, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """For the inspection commands, which show every column as it is."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q[name], params)
+    async with _cursor(conn, name, dict_row) as cur:
+        await _execute(cur, name, params)
         return await cur.fetchall()
 
 
@@ -462,15 +479,14 @@ class ClaimRequest:
 
 async def claim_work(conn: Conn, req: ClaimRequest) -> list[Claimed]:
     """claim_work on its own (with channel_lock in the same transaction and round trip)."""
-    claim = P["claim_work"]
     if not req.lock_channel:
-        async with AsyncRawCursor(conn, row_factory=_tuple_rows(Claimed)) as cur:
-            await cur.execute(claim.sql, claim.args(req.params()))
+        async with _cursor(conn, "claim_work", _tuple_rows(Claimed)) as cur:
+            await _execute(cur, "claim_work", req.params())
             return await cur.fetchall()
     async with conn.pipeline(), conn.transaction():
         await conn.execute(Q["channel_lock"], {"channel": req.channel})
-        cur = AsyncRawCursor(conn, row_factory=_tuple_rows(Claimed))
-        await cur.execute(claim.sql, claim.args(req.params()))
+        cur = _cursor(conn, "claim_work", _tuple_rows(Claimed))
+        await _execute(cur, "claim_work", req.params())
     return await cur.fetchall()
 
 
@@ -505,11 +521,12 @@ class Unapplied:
 async def record_outcomes(
     conn: Conn, *, outcomes: str, daemon_id: str, host: str, pid: int
 ) -> list[Unapplied]:
-    record = P["record_outcomes"]
-    params = {"outcomes": outcomes, "daemon_id": daemon_id, "host": host, "pid": pid}
-    async with AsyncRawCursor(conn, row_factory=class_row(Unapplied)) as cur:
-        await cur.execute(record.sql, record.args(params))
-        return await cur.fetchall()
+    return await _rows(
+        conn,
+        "record_outcomes",
+        Unapplied,
+        {"outcomes": outcomes, "daemon_id": daemon_id, "host": host, "pid": pid},
+    )
 
 
 @dataclass(frozen=True)
