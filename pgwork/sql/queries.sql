@@ -330,7 +330,11 @@ WITH o AS (
     -- alone. (Two flushes could only wait for each other over the same rows if a fenced one's
     -- snapshot predated the reclaim that fenced it and the successor's outcome arrived within
     -- that one statement; PostgreSQL would abort one of them, and its flush is retried.) The
-    -- rows are named as an id array, so they are read by primary key whatever the estimates.
+    -- rows are named as an id array, so they are read by primary key whatever the estimates: the
+    -- status is tested with IS NOT DISTINCT FROM (status is NOT NULL: the same test as =), which
+    -- the planner cannot match to work_held's predicate. With '=', statistics taken while few
+    -- rows were claimed made a scan of work_held look cheaper, and every flush read every
+    -- claimed row of every channel and daemon (24 ms a flush instead of 6 with 20,000 claimed).
     UPDATE pgwork.renewal_work w
        SET status = o.status,
            available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
@@ -338,7 +342,7 @@ WITH o AS (
            last_error = o.error,
            dead_reason = CASE WHEN o.status = 'dead' THEN coalesce(o.error, o.outcome) END
       FROM o
-     WHERE w.id = o.work_id AND w.lease = o.lease AND w.status = 'claimed'
+     WHERE w.id = o.work_id AND w.lease = o.lease AND w.status IS NOT DISTINCT FROM 'claimed'
        AND w.id = ANY ((SELECT array_agg(work_id) FROM o)::bigint[])
     RETURNING w.id, w.lease
 ), news AS (
@@ -448,18 +452,20 @@ SELECT j.work_id AS fenced_id, j.lease, j.already FROM judged j WHERE NOT j.appl
 -- locks its rows in no particular order; the next heartbeat, a third of a lease later, extends
 -- it. Returns every row this daemon still holds (claimed under its lease as this statement
 -- sees them), extended now or skipped as busy: the others are lost.
+-- The rows are read by primary key whatever the estimates (see record_outcomes): an id array,
+-- and the status tested with IS NOT DISTINCT FROM.
 WITH mine AS MATERIALIZED (
     SELECT w.id, w.lease
       FROM pgwork.renewal_work w
       JOIN unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
         ON w.id = h.work_id AND w.lease = h.lease_no
-     WHERE w.status = 'claimed'
+     WHERE w.status IS NOT DISTINCT FROM 'claimed' AND w.id = ANY (%(work_id)s::bigint[])
 ), locked AS (
     -- The conditions again: a row changed since the snapshot is judged on its new version.
     SELECT w.id
       FROM pgwork.renewal_work w
       JOIN mine m ON m.id = w.id AND m.lease = w.lease
-     WHERE w.status = 'claimed'
+     WHERE w.status IS NOT DISTINCT FROM 'claimed' AND w.id = ANY (%(work_id)s::bigint[])
        FOR UPDATE OF w SKIP LOCKED
 ), extended AS (
     UPDATE pgwork.renewal_work w
@@ -471,11 +477,13 @@ SELECT m.id, m.lease FROM mine m
 
 -- name: release_leases
 -- Clean shutdown: give back rows we hold without counting the attempt (fenced by lease).
+-- The rows are read by primary key whatever the estimates (see record_outcomes).
 WITH released AS (
     UPDATE pgwork.renewal_work w
        SET status = 'ready', available_at = now(), attempts = w.attempts - 1
       FROM unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
-     WHERE w.id = h.work_id AND w.lease = h.lease_no AND w.status = 'claimed'
+     WHERE w.id = h.work_id AND w.lease = h.lease_no AND w.status IS NOT DISTINCT FROM 'claimed'
+       AND w.id = ANY (%(work_id)s::bigint[])
     RETURNING w.id, w.lease, w.attempts, w.claimed_at
 ), ledger AS (
     INSERT INTO pgwork.attempt
