@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (8);
+INSERT INTO pgwork.schema_version (version) VALUES (9);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -590,12 +590,17 @@ CREATE TRIGGER reminder_before_update
 
 -- Unclaimed work for a schedule that no longer holds is closed at once; work already claimed is
 -- re-checked by the claim itself, which re-reads the reminder in the same statement.
+-- Both triggers read the reminder's own rows through work_occurrence_unique, whatever the
+-- statistics say: the status is tested with IS NOT DISTINCT FROM (status is NOT NULL, so the same
+-- test as =), which the planner cannot match to work_claimable's predicate. With '=', statistics
+-- taken while little work was live made it add a scan of all of work_claimable (a BitmapAnd), and
+-- every app's move or delete of a reminder read every live work row of every channel.
 CREATE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
 BEGIN
     UPDATE pgwork.renewal_work
        SET status = 'superseded', finished_at = now()
-     WHERE reminder_id = NEW.id AND status = 'ready'
+     WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
        AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before));
     RETURN NULL;
 END
@@ -610,7 +615,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
 BEGIN
     UPDATE pgwork.renewal_work
        SET status = 'cancelled', finished_at = now()
-     WHERE reminder_id = OLD.id AND status = 'ready';
+     WHERE reminder_id = OLD.id AND status IS NOT DISTINCT FROM 'ready';
     DELETE FROM pgwork.retired WHERE reminder_id = OLD.id;
     RETURN NULL;
 END
