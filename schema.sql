@@ -892,8 +892,12 @@ BEGIN
           LEFT JOIN take k ON k.id = o.id AND k.before = o.before
          WHERE o.fire_at <= o.cutoff
            AND o.fire_at >= o.progress
-           AND NOT EXISTS (SELECT 1 FROM pgwork.retired t
-                            WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before)
+           -- A probe of retired's key per occurrence (a scalar subquery with LIMIT, not NOT EXISTS,
+           -- which the planner may make a hash anti-join: the generic plan, which cannot see the
+           -- page's size, then read every tombstone on every page).
+           AND (SELECT true FROM pgwork.retired t
+                 WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before
+                 LIMIT 1) IS NULL
             ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
            -- A revived row keeps its lease and attempts: it is made ready, never claimed here.
            SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,

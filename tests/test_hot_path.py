@@ -394,6 +394,50 @@ async def test_moving_or_deleting_a_reminder_reads_only_its_own_work_rows(
             assert sum(reads.values()) <= 50, reads
 
 
+async def test_a_page_reads_only_the_tombstones_of_what_it_pages(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A page checks each occurrence it would insert against pgwork.retired. Tombstones pile up
+    for as long as their reminders exist (an app that keeps its deadlines after they pass keeps
+    one per sent occurrence): the page's generic plan hashed the whole table on every page,
+    however few reminders it paged, so every reminder due now waited for a scan of all of
+    them."""
+    await conn.execute(
+        "INSERT INTO pgwork.retired (reminder_id, deadline, occurrence, status, operation_id, "
+        "finished_at) SELECT -g, now() - interval '40 days', '0', 'delivered', "
+        "md5(g::text)::uuid, now() - interval '40 days' FROM generate_series(1, 3000) g"
+    )
+    for due, n in (("now() - interval '1 minute'", 4000), ("now() + interval '30 days'", 2000)):
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            f"SELECT 's', md5(random()::text), {due}, 'test', 'r' FROM generate_series(1, {n}) g"
+        )
+    async with await db.connect(dsn) as daemon:
+        await materialiser.run_once(daemon, lookahead=0, page_size=5000)
+    await conn.execute("ANALYZE pgwork.retired, pgwork.reminder, pgwork.renewal_work")
+    for i in range(3):
+        await add(conn, f"k{i}", "now() - interval '1 second'")
+    take = json.dumps([{"channel": "test", "room": 10, "expire_after_s": None}])
+    params = {
+        "coordinate": True, "cutoff": None, "lookahead": timedelta(0), "after_at": None,
+        "after_id": 0, "limit": 1000, "origin": "d1", "take": take,
+        "lease": timedelta(seconds=60), "daemon_id": "d1",
+    }  # fmt: skip
+    async with await db.connect(dsn) as daemon:
+        for _ in range(2):  # a connection's first page plans the function's statements
+            async with daemon.transaction():
+                cur = await daemon.execute(Q["materialise_page"], params)
+                assert [r[9] is not None for r in await cur.fetchall()] == [True] * 3
+                got = await rows(
+                    daemon,
+                    "SELECT pg_stat_get_xact_tuples_returned('pgwork.retired'::regclass) AS seq, "
+                    "pg_stat_get_xact_tuples_returned('pgwork.retired_pkey'::regclass) AS idx",
+                )
+                raise psycopg.Rollback()
+            # Three probes of the primary key, not a scan of 3,000 tombstones.
+            assert got[0]["seq"] + got[0]["idx"] <= 10, got
+
+
 async def test_a_delivery_from_a_claimed_row_is_the_dataclass_its_fields_make(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
