@@ -139,10 +139,12 @@ BEGIN
            AND o.fire_at >= o.progress
            -- A probe of retired's key per occurrence (a scalar subquery with LIMIT, not NOT EXISTS,
            -- which the planner may make a hash anti-join: the generic plan, which cannot see the
-           -- page's size, then read every tombstone on every page).
-           AND (SELECT true FROM pgwork.retired t
-                 WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before
-                 LIMIT 1) IS NULL
+           -- page's size, then read every tombstone on every page), and none while there is no
+           -- tombstone at all (the first test, made once per page).
+           AND (NOT EXISTS (SELECT FROM pgwork.retired)
+                OR (SELECT true FROM pgwork.retired t
+                     WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before
+                     LIMIT 1) IS NULL)
             ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
            -- A revived row keeps its lease and attempts: it is made ready, never claimed here.
            SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
