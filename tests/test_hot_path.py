@@ -401,7 +401,8 @@ async def test_a_page_reads_only_the_tombstones_of_what_it_pages(
     for as long as their reminders exist (an app that keeps its deadlines after they pass keeps
     one per sent occurrence): the page's generic plan hashed the whole table on every page,
     however few reminders it paged, so every reminder due now waited for a scan of all of
-    them."""
+    them (PostgreSQL 15 at these sizes; 18's estimates keep the probes here, so this fails on
+    the old page only on 15, which CI runs too)."""
     await conn.execute(
         "INSERT INTO pgwork.retired (reminder_id, deadline, occurrence, status, operation_id, "
         "finished_at) SELECT -g, now() - interval '40 days', '0', 'delivered', "
