@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection, AsyncCursor, AsyncRawCursor
-from psycopg.rows import AsyncRowFactory, BaseRowFactory, RowMaker, class_row, dict_row
+from psycopg.rows import (
+    AsyncRowFactory,
+    BaseRowFactory,
+    RowMaker,
+    class_row,
+    dict_row,
+    tuple_row,
+)
 
 from .queries import P, Q
 
@@ -87,7 +94,8 @@ async def _one(conn: Conn, name: str, cls: type[T], params: dict[str, Any] | Non
 
 
 async def _exec(conn: Conn, name: str, params: dict[str, Any] | None = None) -> None:
-    await conn.execute(Q[name], params or {})
+    async with _cursor(conn, name, tuple_row) as cur:
+        await _execute(cur, name, params or {})
 
 
 async def _dicts(conn: Conn, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
