@@ -1,4 +1,4 @@
--- pgwork schema, version 8. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 10. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (9);
+INSERT INTO pgwork.schema_version (version) VALUES (10);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -702,26 +702,47 @@ COMMENT ON TABLE pgwork.app_source IS
     'Which database role may write and read reminders of which source, once row-level security '
     'is enabled on pgwork.reminder (ALTER TABLE pgwork.reminder ENABLE ROW LEVEL SECURITY).';
 
-CREATE FUNCTION pgwork.source_allowed(source text, who name) RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgwork
-RETURN EXISTS (SELECT 1 FROM pgwork.app_source a WHERE a.role = who AND a.source = source_allowed.source)
-    OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = who AND (r.rolsuper OR r.rolbypassrls))
-    OR pg_has_role(who, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass), 'MEMBER')
-    OR EXISTS (SELECT 1 FROM pg_roles r
-                WHERE r.rolname IN ('pgwork_daemon', 'pgwork_cleanup') AND pg_has_role(who, r.oid, 'MEMBER'));
-COMMENT ON FUNCTION pgwork.source_allowed(text, name) IS
-    'Whether a role may see and write reminders of a source: listed in pgwork.app_source, or the '
-    'tables'' owner, a member of pgwork_daemon or pgwork_cleanup, a superuser or a BYPASSRLS role.';
+ALTER TABLE pgwork.app_source ENABLE ROW LEVEL SECURITY;
 
+-- Who row-level security does not restrict: a superuser or BYPASSRLS role, the tables' owner and
+-- its members, and members of pgwork_daemon or pgwork_cleanup. It reads only what pg_roles and
+-- pg_has_role show any role, runs with the caller's rights, and the policies call it in a scalar
+-- subquery: an InitPlan, evaluated once per statement, never per row.
+CREATE FUNCTION pgwork.rls_exempt() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN coalesce((SELECT r.rolsuper OR r.rolbypassrls FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
+    OR pg_catalog.pg_has_role(current_user,
+                              (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = 'pgwork.reminder'::regclass),
+                              'MEMBER')
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                WHERE r.rolname IN ('pgwork_daemon', 'pgwork_cleanup')
+                  AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'));
+COMMENT ON FUNCTION pgwork.rls_exempt() IS
+    'Whether the current role sees every source: a superuser or BYPASSRLS role, the tables'' owner, '
+    'or a member of pgwork_daemon or pgwork_cleanup.';
+
+-- An app reads its own rows of app_source (the policy below needs them), nobody else's.
+CREATE POLICY app_source_own ON pgwork.app_source
+    USING (role = current_user OR (SELECT pgwork.rls_exempt()));
+
+-- Both tests are uncorrelated scalar subqueries: evaluated once per statement (InitPlans), so
+-- the daemon pays nothing per row, and an app's list of sources is read once, not per row.
 CREATE POLICY reminder_by_source ON pgwork.reminder
-    USING (pgwork.source_allowed(source, current_user))
-    WITH CHECK (pgwork.source_allowed(source, current_user));
+    USING ((SELECT pgwork.rls_exempt())
+           OR source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]))
+    WITH CHECK ((SELECT pgwork.rls_exempt())
+                OR source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]));
 
 -- ---------------------------------------------------------------------------------------------
 -- What apps read
 -- ---------------------------------------------------------------------------------------------
 
-CREATE VIEW pgwork.reminder_status AS
+-- A security barrier: the view reads pgwork.reminder as its owner (row-level security does not
+-- apply), so its own source filter runs before any condition of the caller's that is not
+-- leakproof (a failing cast, a function that raises a NOTICE, an operator of the caller's own):
+-- such a condition sees only the caller's rows. Equality on text is leakproof and still reaches
+-- the index.
+CREATE VIEW pgwork.reminder_status WITH (security_barrier) AS
 SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before,
        pgwork.fire_at(r.due_at, r.due_local, r.due_tz, b.before) AS send_at,
        coalesce(w.status, t.status, 'scheduled') AS status,
@@ -737,7 +758,8 @@ SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before
     ON t.reminder_id = r.id AND t.deadline = r.due_at AND t.occurrence = b.before
  -- The view reads as its owner: with row-level security on, it shows an app only its sources.
  WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
-    OR pgwork.source_allowed(r.source, current_user);
+    OR (SELECT pgwork.rls_exempt())
+    OR r.source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]);
 COMMENT ON VIEW pgwork.reminder_status IS
     'Each occurrence of each current reminder and where it stands: scheduled (not yet materialised), '
     'ready, claimed, delivered, dead. retired: its work row was removed by retention (status is the '
@@ -983,7 +1005,10 @@ BEGIN
               UPDATE (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
                       traceparent, tracestate)
               ON pgwork.reminder TO pgwork_app;
-        GRANT SELECT ON pgwork.reminder_status, pgwork.channel, pgwork.time_zone TO pgwork_app;
+        GRANT SELECT ON pgwork.reminder_status, pgwork.time_zone, pgwork.app_source TO pgwork_app;
+        -- Of a channel, what an app needs to pick one: not the receiver's state (throttle_reason
+        -- quotes a receiver's reply to another source's delivery), nor the breaker's counts.
+        GRANT SELECT (name, kind, registered_at, paused, catch_up) ON pgwork.channel TO pgwork_app;
         GRANT EXECUTE ON FUNCTION pgwork.reminder_notify() TO pgwork_app;
     END IF;
 END
@@ -1032,7 +1057,8 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
         GRANT USAGE ON SCHEMA pgwork TO pgwork_cleanup;
-        GRANT SELECT ON pgwork.schema_version, pgwork.reminder, pgwork.channel, pgwork.daemon TO pgwork_cleanup;
+        GRANT SELECT ON pgwork.schema_version, pgwork.reminder, pgwork.channel, pgwork.daemon,
+              pgwork.app_source TO pgwork_cleanup;
         -- materialiser_state: a batch locks its row (see retention_delete_batch).
         GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state, pgwork.materialiser_state
            TO pgwork_cleanup;
