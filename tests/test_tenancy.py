@@ -8,12 +8,13 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
 from .helpers import add
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
 BILLING_KEY = "customer:4711/invoice:overdue"
 
@@ -187,3 +188,34 @@ async def test_rows_of_the_status_view_are_found_by_key_through_the_barrier(
     )
     plan = "\n".join(r[0] for r in got)
     assert "reminder_business_key_unique" in plan, plan
+
+
+async def test_an_apps_open_insert_does_not_stop_a_daemon_starting_or_the_channel_controls(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """An app's uncommitted INSERT of a reminder holds FOR KEY SHARE on its channel's row (the
+    foreign key). Registering channels at start, pausing, resuming and a claim must not wait for
+    it: every daemon statement on pgwork.channel locks without touching the key."""
+    from .helpers import config, count, python_channel, running, until
+
+    await add(conn, "due-before", "now()")
+    async with await psycopg.AsyncConnection.connect(dsn) as app:
+        await app.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES ('test', 'open', now(), 'test', 'r')"
+        )  # left open: a transaction in progress
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as op:
+            await op.execute("SET lock_timeout = '1s'")
+            await op.execute("SELECT pgwork.pause_channel('test')")
+            await op.execute("SELECT pgwork.resume_channel('test')")
+        with anyio.fail_after(20):
+            async with running(config(python_channel()), dsn):
+                await until(lambda: _delivered_one(conn), what="the committed reminder delivered")
+        await app.rollback()
+    assert await count(conn, "status = 'delivered'") == 1
+
+
+async def _delivered_one(conn: psycopg.AsyncConnection[Any]) -> bool:
+    from .helpers import count
+
+    return await count(conn, "status = 'delivered'") == 1

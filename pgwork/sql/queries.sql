@@ -69,7 +69,11 @@ WITH cfg AS (
                          %(breaker_after)s::int[], %(breaker_probe)s::interval[])
         AS c(name, kind, catch_up, global_concurrency, rate_limit, rate_burst, breaker_after, breaker_probe)
 ), old AS (
-    SELECT c.* FROM pgwork.channel c JOIN cfg USING (name) FOR UPDATE OF c
+    -- FOR NO KEY UPDATE, never FOR UPDATE: an app's open INSERT of a reminder holds FOR KEY
+    -- SHARE on its channel's row (the foreign key), which FOR UPDATE would wait for (a daemon
+    -- could not start while any app had such a transaction open). Every other daemon statement
+    -- on pgwork.channel is an UPDATE that leaves the key alone, or channel_lock: the same mode.
+    SELECT c.* FROM pgwork.channel c JOIN cfg USING (name) FOR NO KEY UPDATE OF c
 ), upserted AS (
     INSERT INTO pgwork.channel AS ch
            (name, kind, catch_up, global_concurrency, rate_limit, rate_burst, breaker_after, breaker_probe)
