@@ -447,3 +447,16 @@ async def test_a_page_refuses_any_isolation_but_read_committed(
         assert one["level"] == "read committed"
         result, _ = await _page(daemon)
         assert result is not None and result.made == 1
+
+
+def test_a_receipt_of_any_depth_is_cleaned_without_raising() -> None:
+    """Issue 25, item 5: a receipt nested past Python's recursion limit (from a Python channel,
+    or a parser that gave one back) is bounded, never an exception that turns a delivery into a
+    retry."""
+    from pgwork.duties.outcomes import MAX_RECEIPT, clean_receipt
+
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    got = clean_receipt({"body": deep})
+    assert len(json.dumps(got)) <= MAX_RECEIPT

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -318,3 +319,23 @@ async def test_a_slow_request_does_not_hold_up_the_others(
 
 async def _requests(receiver: Receiver, n: int) -> bool:
     return len(receiver.requests) >= n
+
+
+@pytest.mark.parametrize("depth", [3000, 900])
+async def test_a_deeply_nested_receipt_is_still_delivered_once(
+    depth: int, dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 25, item 5: a 2xx whose JSON body nests thousands deep once made the receipt
+    parser raise RecursionError, taken for a failed attempt: the same occurrence was sent again
+    and again. Nothing in a 2xx body may change the outcome from delivered."""
+    deep = b"[" * depth + b"]" * depth
+    with Receiver(lambda r: Answer(body=deep)) as receiver:
+        await add(conn, "deep", channel="hook")
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await until(lambda: _delivered(conn), what="delivered")
+            await anyio.sleep(0.3)  # a retry, were one scheduled, would be sent by now
+        assert len(receiver.requests) == 1
+    (a,) = await rows(conn, "SELECT outcome, receipt FROM pgwork.attempt")
+    assert a["outcome"] == "delivered"
+    assert a["receipt"]["http_status"] == 200
+    assert len(str(a["receipt"])) < 20_000

@@ -186,13 +186,23 @@ def _error_class(e: Exception) -> str:
     return "ProtocolError"
 
 
+#: Largest 2xx body parsed as JSON for the receipt; a larger one is kept as the start of its text.
+MAX_PARSED_RECEIPT = 2000
+
+
 def _receipt(data: bytes, code: int) -> Any:
+    """What a 2xx (or 409) answer said, for the ledger: its JSON when small, else its text. No
+    body can fail the delivery: a document nested past the parser's recursion limit is kept as
+    text like any other body that is not JSON (issue 25: it once made every 2xx a retry)."""
     receipt: dict[str, Any] = {"http_status": code}
-    if data:
-        try:
-            parsed = json.loads(data)
-        except ValueError:
-            receipt["body"] = data[:200].decode("utf-8", "replace")
-        else:
-            receipt["body"] = parsed if len(data) <= 2000 else "(truncated)"
+    if not data:
+        return receipt
+    if len(data) > MAX_PARSED_RECEIPT:
+        receipt["body"] = "(truncated)"
+        receipt["text"] = data[:200].decode("utf-8", "replace")
+        return receipt
+    try:
+        receipt["body"] = json.loads(data)
+    except (ValueError, RecursionError):
+        receipt["body"] = data[:200].decode("utf-8", "replace")
     return receipt

@@ -57,7 +57,8 @@ def _clean_json(value: Any, depth: int) -> Any:
     if isinstance(value, str):
         return clean_text(value, MAX_RECEIPT)
     if depth >= MAX_RECEIPT_DEPTH:
-        return clean_text(repr(value), 200)
+        # Not repr(): that recurses through whatever lies below, and a deep enough value raises.
+        return f"({type(value).__name__} nested deeper than {MAX_RECEIPT_DEPTH})"
     if isinstance(value, dict):
         return {clean_text(str(k), 200): _clean_json(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -70,8 +71,12 @@ def clean_receipt(receipt: Any) -> Any:
     lone surrogates go, other objects become their text, depth and size are bounded."""
     if receipt is None:
         return None
-    cleaned = _clean_json(receipt, 0)
-    text = json.dumps(cleaned, separators=(",", ":"), allow_nan=False)
+    try:
+        cleaned = _clean_json(receipt, 0)
+        text = json.dumps(cleaned, separators=(",", ":"), allow_nan=False)
+    except (RecursionError, ValueError, TypeError) as e:
+        # A receipt never changes an outcome: one that cannot be stored is noted instead.
+        return {"unstorable": True, "error": clean_text(f"{type(e).__name__}: {e}", 200)}
     if len(text) > MAX_RECEIPT:
         return {"truncated": True, "text": text[: MAX_RECEIPT // 2]}
     return cleaned
