@@ -527,3 +527,32 @@ async def test_an_expired_occurrence_stays_unsent_after_retention_and_a_move_bac
     assert await count(conn, "deadline < now()") == 0  # not made again
     (st,) = await rows(conn, "SELECT status, retired FROM pgwork.reminder_status")
     assert (st["status"], st["retired"]) == ("expired", True)
+
+
+async def test_an_attempt_that_paused_the_channel_does_not_spend_the_budget(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 25, item 8: max_attempts 2; a 503, then a 410 that pauses the channel. After the
+    operator's resume the row is sent once more (and delivered), not dead-lettered by the first
+    claim with "attempt budget spent" without a request."""
+    answers = iter([Answer(status=503), Answer(status=410, body=b"gone")])
+
+    def script(r: Request) -> Answer:
+        return next(answers, Answer())
+
+    with Receiver(script) as receiver:
+        await _insert_due(conn, 1)
+        async with running(config(webhook_channel(receiver.url, max_attempts=2)), dsn):
+            await until(lambda: _paused(conn), what="channel paused by 410")
+            await until(lambda: _claimed_at_most(conn, 0), what="the row given back")
+            (w,) = await rows(conn, "SELECT status, attempts FROM pgwork.renewal_work")
+            assert w == {"status": "ready", "attempts": 1}  # the 410 was not counted
+            await conn.execute("SELECT pgwork.resume_channel('hook', 'ops')")
+            await until(lambda: _settled_one(conn), what="settled after resume")
+        assert len(receiver.requests) == 3
+    (w,) = await rows(conn, "SELECT status FROM pgwork.renewal_work")
+    assert w["status"] == "delivered"
+
+
+async def _settled_one(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return await count(conn, "status IN ('delivered', 'dead')") == 1

@@ -341,6 +341,9 @@ WITH o AS (
     -- claimed row of every channel and daemon (24 ms a flush instead of 6 with 20,000 claimed).
     UPDATE pgwork.renewal_work w
        SET status = o.status,
+           -- An attempt that paused the channel (a 410) is the channel's failure, not the
+           -- occurrence's: it does not spend the row's budget (its ledger row stays).
+           attempts = w.attempts - (o.pause IS NOT NULL AND o.status = 'ready')::int,
            available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
            finished_at = CASE WHEN pgwork.is_terminal(o.status) THEN now() END,
            last_error = o.error,
