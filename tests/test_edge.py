@@ -556,3 +556,53 @@ async def test_an_attempt_that_paused_the_channel_does_not_spend_the_budget(
 
 async def _settled_one(conn: psycopg.AsyncConnection[Any]) -> bool:
     return await count(conn, "status IN ('delivered', 'dead')") == 1
+
+
+async def test_a_failed_give_back_keeps_the_rows_owned_and_tries_again(
+    dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch, clean_sink: None
+) -> None:
+    """Issue 25, item 6: a pause makes the daemon give back the rows it queued; when that one
+    release statement fails (a dropped connection, a failover: injected here as the error the
+    driver raises), the rows must stay this daemon's to give back again, not be forgotten in the
+    lease registry with live leases that nobody sends. After the resume all are delivered."""
+    from pgwork import store
+
+    from . import sink
+    from .helpers import python_channel
+
+    release = store.release_leases
+    failed: list[int] = []
+
+    async def flaky_release(*a: Any, **kw: Any) -> Any:
+        if not failed:
+            failed.append(len(kw["work_id"]))
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await release(*a, **kw)
+
+    monkeypatch.setattr(store, "release_leases", flaky_release)
+    first = anyio.Event()
+    go_on = anyio.Event()
+
+    async def slow(d: Any) -> None:
+        first.set()
+        await go_on.wait()
+
+    sink.BEHAVIOUR["k1"] = slow
+    await _insert_due(conn, 8, channel="test")
+    async with running(config(python_channel(concurrency=1)), dsn):
+        with anyio.fail_after(10):
+            await first.wait()
+        await until(lambda: _claimed_at_least(conn, 2), what="rows queued behind the busy one")
+        await anyio.sleep(0.2)
+        queued = await count(conn, "status = 'claimed'") - 1
+        await conn.execute("SELECT pgwork.pause_channel('test')")
+        await until(lambda: _claimed_at_most(conn, 1), what="the queued rows given back")
+        assert failed == [queued]
+        go_on.set()
+        await conn.execute("SELECT pgwork.resume_channel('test')")
+        await until(lambda: _delivered(conn, 8), what="all 8 delivered after the resume")
+    assert len(sink.DELIVERED) == 8
+
+
+async def _claimed_at_least(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
+    return await count(conn, "status = 'claimed'") >= n

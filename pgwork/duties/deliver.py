@@ -282,6 +282,9 @@ class ChannelWorker:
         self._reserved -= request.limit
         if rows is not None:
             self._take(rows, t_claim)
+            if rows and (self.paused or self._hold_until > time.monotonic()):
+                # The pause (or hold) landed while the page ran: give these back too.
+                self.gate_changed()
         # The room reserved was perhaps what left none for the claim loop, and no row of its own
         # may ever settle to wake it (the page's rows went to another daemon).
         self._woken_for_room()
@@ -298,32 +301,40 @@ class ChannelWorker:
     async def _apply_gate(self, gate: store.Gate) -> None:
         """Take the channel's state from the database. Paused, or held by a throttle or the
         circuit breaker: give back the rows queued here (not started, so not counted), so that
-        they are claimed again under the channel's limits once it opens."""
+        they are claimed again under the channel's limits once it opens. Asked on every read
+        while paused or held, not only when that changes: rows a page claimed just as the pause
+        landed, and rows whose give-back failed, are given back by the next read."""
         self._hold_until = time.monotonic() + gate.hold_s if gate.hold_s else 0.0
-        if gate.hold_s and self._queue:
-            await self._give_back_queued("held")
-        if gate.paused == self.paused:
-            return
-        self.paused = gate.paused
-        self.metrics.channel_paused.labels(self.name).set(1 if gate.paused else 0)
-        log.warning(
-            "channel %s", "paused" if gate.paused else "resumed", extra={"channel": self.name}
-        )
-        if gate.paused:
-            await self._give_back_queued("paused")
-        else:
+        changed = gate.paused != self.paused
+        if changed:
+            self.paused = gate.paused
+            self.metrics.channel_paused.labels(self.name).set(1 if gate.paused else 0)
+            log.warning(
+                "channel %s", "paused" if gate.paused else "resumed", extra={"channel": self.name}
+            )
+        if (gate.paused or gate.hold_s) and self._queue:
+            await self._give_back_queued("paused" if gate.paused else "held")
+        elif changed and not gate.paused:
             for _ in range(min(len(self._queue), len(self._idle))):
                 self._idle.pop().set()
 
     async def _give_back_queued(self, why: str) -> None:
+        """Release the queued rows. Should the release fail (a dropped connection, a failover),
+        they stay queued and owned (the heartbeat keeps their leases) and the gate is read
+        again, which tries once more: never forgotten in the lease registry."""
         queued = list(self._queue)
         self._queue.clear()
         if not queued:
             return
+        held = [Held(r.id, r.lease, self.name) for r in queued]
+        try:
+            released = await release_all(self.pool, self.leases, self.identity, held)
+        except BaseException:
+            self._queue.extendleft(reversed(queued))
+            self._gate_stale = True
+            raise
         if self.tracer is not None:
             self.tracer.released((r.id, r.lease) for r in queued)
-        held = [Held(r.id, r.lease, self.name) for r in queued]
-        released = await release_all(self.pool, self.leases, self.identity, held)
         self.held -= len(queued)
         log.info(
             "gave back %d queued rows of a %s channel", released, why, extra={"channel": self.name}
