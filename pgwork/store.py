@@ -462,9 +462,7 @@ class Claimed(NamedTuple):
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """One channel's claim: up to ``limit`` rows the channel's gate allows. ``lock_channel`` (a
-    channel with a rate limit or a global concurrency): channel_lock runs first, in the same
-    transaction, so that claims of several daemons count each other's rows."""
+    """One channel's claim: up to ``limit`` rows the channel's gate allows."""
 
     channel: str
     limit: int
@@ -472,7 +470,6 @@ class ClaimRequest:
     lease: timedelta
     daemon_id: str
     expire_after: timedelta | None = None
-    lock_channel: bool = False
 
     def params(self) -> dict[str, Any]:
         return {
@@ -486,11 +483,9 @@ class ClaimRequest:
 
 
 async def claim_work(conn: Conn, req: ClaimRequest) -> list[Claimed]:
-    """claim_work on its own (with channel_lock in the same transaction and round trip)."""
-    if not req.lock_channel:
-        async with _cursor(conn, "claim_work", _tuple_rows(Claimed)) as cur:
-            await _execute(cur, "claim_work", req.params())
-            return await cur.fetchall()
+    """claim_work after channel_lock, in one transaction and round trip. Always both: whether a
+    limit is in force (a throttle limit, the breaker's probe) is the channel row's to say, not
+    this daemon's config (see channel_lock)."""
     async with conn.pipeline(), conn.transaction():
         await conn.execute(Q["channel_lock"], {"channel": req.channel})
         cur = _cursor(conn, "claim_work", _tuple_rows(Claimed))

@@ -606,3 +606,43 @@ async def test_a_failed_give_back_keeps_the_rows_owned_and_tries_again(
 
 async def _claimed_at_least(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
     return await count(conn, "status = 'claimed'") >= n
+
+
+@pytest.mark.parametrize("limit_kind", ["throttle", "breaker_probe"])
+async def test_a_throttle_limit_holds_across_overlapping_claims(
+    limit_kind: str, dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 25, item 4: a throttle limit of 1 (or the breaker's one probe at a time, the same
+    limit) set by a receiver's answers, with no rate limit or global concurrency configured.
+    Two daemons' claims overlap: the first has claimed its row and not yet committed when the
+    second runs. Together they must hold one row, not one each."""
+    from pgwork import db, store
+
+    await conn.execute(
+        "UPDATE pgwork.channel SET throttle_limit = 1, throttle_from = 4, throttled_at = now(),"
+        " failures = CASE WHEN %s THEN 5 ELSE 0 END, breaker_after = CASE WHEN %s THEN 5 END"
+        " WHERE name = 'test'",
+        (limit_kind == "breaker_probe", limit_kind == "breaker_probe"),
+    )
+    await _insert_due(conn, 5, channel="test")
+    await materialise(dsn)
+
+    def request(daemon: str) -> store.ClaimRequest:
+        return store.ClaimRequest(
+            channel="test", limit=10, max_attempts=5, lease=timedelta(seconds=30), daemon_id=daemon
+        )
+
+    got: dict[str, int] = {}
+    async with await db.connect(dsn) as a, await db.connect(dsn) as b:
+        await a.set_autocommit(False)
+
+        async def second() -> None:
+            got["b"] = len(await store.claim_work(b, request("b")))
+
+        async with anyio.create_task_group() as tg:
+            got["a"] = len(await store.claim_work(a, request("a")))  # in a's open transaction
+            tg.start_soon(second)
+            await anyio.sleep(0.5)  # b runs now, while a's claim is uncommitted
+            await a.commit()
+    assert got == {"a": 1, "b": 0}
+    assert await count(conn, "status = 'claimed'") == 1

@@ -103,7 +103,8 @@ class ChannelWorker:
         self.lease = timedelta(seconds=cfg.lease)
         c = channel.config
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
-        #: Claims count each other's rows only under the channel's lock (see store.claim_work).
+        #: Configured limits that claims count (under the channel's lock, see channel_lock): the
+        #: materialiser's page does not claim for such a channel.
         self.lock_channel = c.rate_limit is not None or c.global_concurrency is not None
         self.claim_batch = cfg.claim_batch
         self.tick = cfg.tick
@@ -214,7 +215,6 @@ class ChannelWorker:
             lease=self.lease,
             daemon_id=self.daemon_id,
             expire_after=self.expire_after,
-            lock_channel=self.lock_channel,
         )
 
     async def _claim(self, limit: int) -> list[store.Claimed]:

@@ -95,10 +95,18 @@ SELECT cfg.name
                          cfg.breaker_after, cfg.breaker_probe)
 
 -- name: channel_lock
--- Serialises the claims of a channel with a rate limit or a global concurrency across daemons:
--- taken in the claim's transaction and sent in the same round trip, before claim_work, whose
--- snapshot is then taken after the lock (it counts what the previous holder claimed).
-SELECT 1 FROM pgwork.channel WHERE name = %(channel)s FOR NO KEY UPDATE
+-- Serialises the claims of a channel with any limit in force across daemons (a rate limit, a
+-- global concurrency, or a throttle limit: a receiver's throttling answers or the circuit
+-- breaker's one probe at a time): sent before every claim_work, in its transaction and round
+-- trip, so that claim_work's snapshot is taken after the lock and counts what the previous holder
+-- claimed. A channel with no limit is not locked (no row matches: no lock, no WAL). The lock
+-- says so in a transaction-local setting, which claim_work reads: a limit that came into force
+-- between the two statements' snapshots gives that claim nothing, never an uncounted row.
+SELECT set_config('pgwork.channel_locked', c.name, true)
+  FROM pgwork.channel c
+ WHERE c.name = %(channel)s
+   AND (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
+   FOR NO KEY UPDATE
 
 -- name: channel_states
 -- Each channel's control state, what it holds now, and when its next retry is due.
@@ -151,11 +159,14 @@ DELETE FROM pgwork.daemon WHERE id = %(id)s
 -- The channel's row decides how many rows may be claimed (the gate): none while it is paused
 -- or throttled to a later instant; no more than its global concurrency or throttle limit minus
 -- the rows claimed under live leases; no more than the rate limit's tokens, which the claimed
--- rows then spend. (With a rate limit or a global concurrency, channel_lock runs first.)
+-- rows then spend. (channel_lock runs first, in the same transaction: see there.)
 -- Past expire_after, an occurrence is closed as expired instead of sent.
 WITH gate AS MATERIALIZED (
     SELECT c.name,
            CASE WHEN c.paused OR c.not_before > now() THEN 0
+                -- A limit to count, and this transaction does not hold the lock (channel_lock).
+                WHEN (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
+                     AND current_setting('pgwork.channel_locked', true) IS DISTINCT FROM c.name THEN 0
                 ELSE greatest(0, least(
                     %(limit)s,
                     -- least() skips NULLs: no cap, no limit from it.
