@@ -3,9 +3,10 @@ its attempt ledger, the dead letters — and three actions (redrive, pause, resu
 
 Safe by default: it binds to 127.0.0.1; every value is HTML-escaped (business keys and payloads
 are written by other apps) and a Content-Security-Policy forbids scripts outright; business keys
-and recipients follow ``log.redact``; actions need the configured ``web.token`` (signed in once,
-kept in an HttpOnly, SameSite=Strict cookie), are POST-only and carry a CSRF token that must
-match its cookie; each is recorded with who and when, like the CLI's. Every page runs a few
+and recipients follow ``log.redact``; actions need the configured ``web.token`` (signed in for at
+most eight hours, in an HttpOnly, SameSite=Strict cookie that names a sign-in this process keeps
+and sign-out ends), are POST-only and carry a CSRF token that must be this process's MAC of its
+cookie; each is recorded with who and when, like the CLI's. Every page runs a few
 short autocommit statements that read indexes of live or dead rows only; none holds a
 transaction open. Server-rendered HTML, no JavaScript, nothing fetched from elsewhere.
 """
@@ -16,12 +17,14 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from html import escape
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import anyio
 from aiohttp import web
@@ -45,6 +48,14 @@ CSRF_COOKIE = "pgwork_csrf"
 #: A CSRF token made for this request (the browser had none): the response sets it as a cookie.
 NEW_CSRF = web.RequestKey("pgwork_new_csrf", str)
 AUTH_COOKIE = "pgwork_auth"
+#: How long a sign-in lasts (seconds); sign-out, or a restart of the page, ends it sooner.
+SESSION_TTL = 8 * 3600
+#: Sign-ins kept at most (the oldest go first).
+MAX_SESSIONS = 1000
+#: Longest query parameter accepted (a filter, a cursor).
+MAX_PARAM = 500
+BIGINT_MAX = 2**63 - 1
+CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 HEADERS = {
     # No script may run, whatever a page contains; styles only from the page itself.
     "Content-Security-Policy": (
@@ -95,13 +106,13 @@ class WebApp:
         self.cfg = cfg
         self.token = cfg.web_token
         self.redact = cfg.log_redact
-        # What the auth cookie holds: derived from the token, so changing the token signs
-        # everyone out; never the token itself.
-        self._auth = (
-            hmac.new(self.token.encode(), b"pgwork-web-auth", hashlib.sha256).hexdigest()
-            if self.token
-            else None
-        )
+        # Sign-ins: a random id per browser (what the auth cookie holds) -> when it expires
+        # (monotonic). Kept here, so each can end alone: sign-out revokes it, and a restart of
+        # the page ends them all. Never the token, nor anything derived from it alone.
+        self._sessions: dict[str, float] = {}
+        # Form tokens are a MAC of the browser's CSRF cookie under this key: a cookie planted from
+        # another port of the host (cookies are not port-scoped) has no token that matches.
+        self._csrf_key = secrets.token_bytes(32)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._headers], client_max_size=64 * 1024)
@@ -129,6 +140,9 @@ class WebApp:
         except web.HTTPException as e:  # errors and redirects: raised, with the same headers
             self._finish(request, e)
             raise
+        except Exception:  # a defect or a database error: a 500, with the same headers
+            log.exception("web: %s %s failed", request.method, request.path)
+            resp = web.Response(status=500, text="pgwork: internal error (see the log)")
         self._finish(request, resp)
         return resp
 
@@ -144,17 +158,81 @@ class WebApp:
                 path="/",
             )
 
+    def _form_token(self, cookie: str) -> str:
+        return hmac.new(self._csrf_key, cookie.encode(), hashlib.sha256).hexdigest()
+
     def _csrf(self, request: web.Request) -> str:
-        """The CSRF token for this browser: its cookie's, or a new one (set on the response)."""
-        token = request.cookies.get(CSRF_COOKIE)
-        if not token:
-            token = request.get(NEW_CSRF) or secrets.token_urlsafe(32)
-            request[NEW_CSRF] = token
-        return token
+        """The form token for this browser: a MAC of its CSRF cookie (a new cookie is set on the
+        response when it has none)."""
+        cookie = request.cookies.get(CSRF_COOKIE)
+        if not cookie:
+            cookie = request.get(NEW_CSRF) or secrets.token_urlsafe(32)
+            request[NEW_CSRF] = cookie
+        return self._form_token(cookie)
 
     def _signed_in(self, request: web.Request) -> bool:
-        got = request.cookies.get(AUTH_COOKIE, "")
-        return self._auth is not None and hmac.compare_digest(got, self._auth)
+        if self.token is None:
+            return False
+        expires = self._sessions.get(request.cookies.get(AUTH_COOKIE, ""))
+        return expires is not None and expires > time.monotonic()
+
+    def _new_session(self) -> str:
+        now = time.monotonic()
+        for sid in [k for k, t in self._sessions.items() if t <= now]:
+            del self._sessions[sid]
+        while len(self._sessions) >= MAX_SESSIONS:
+            del self._sessions[next(iter(self._sessions))]  # the oldest
+        sid = secrets.token_urlsafe(32)
+        self._sessions[sid] = now + SESSION_TTL
+        return sid
+
+    @staticmethod
+    def _param(request: web.Request, name: str) -> str | None:
+        """A query parameter as text (None when absent or empty); a 400 that names it when it
+        holds a NUL or is longer than any real value."""
+        value = request.query.get(name) or None
+        if value is not None and ("\x00" in value or len(value) > MAX_PARAM):
+            raise web.HTTPBadRequest(
+                text=f"pgwork: query parameter {name!r} holds a NUL byte or is too long"
+            )
+        return value
+
+    @classmethod
+    def _id_param(cls, request: web.Request, name: str) -> int:
+        value = cls._param(request, name) or ""
+        if not value.isdigit() or int(value) > BIGINT_MAX:
+            raise web.HTTPBadRequest(
+                text=f"pgwork: query parameter {name!r} must be a row id (0 .. {BIGINT_MAX})"
+            )
+        return int(value)
+
+    @classmethod
+    def _time_param(cls, request: web.Request, name: str) -> datetime:
+        try:
+            return datetime.fromisoformat(cls._param(request, name) or "")
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text=f"pgwork: query parameter {name!r} must be an ISO 8601 time"
+            ) from None
+
+    @staticmethod
+    def _channel_name(request: web.Request) -> str:
+        name = request.match_info["name"]
+        if not CHANNEL_NAME.fullmatch(name):
+            raise web.HTTPBadRequest(text="pgwork: path parameter 'name' is not a channel name")
+        return name
+
+    @staticmethod
+    def _back(request: web.Request) -> str:
+        """Where sign-in returns to: the page it came from on this host, never another site
+        (the Referer is the browser's word, and can name any)."""
+        ref = urlsplit(request.headers.get("Referer", ""))
+        if ref.scheme not in ("http", "https") or ref.netloc != request.host:
+            return "/"
+        path = ref.path or "/"
+        if not path.startswith("/") or path.startswith("//") or "\\" in path:
+            return "/"
+        return path + (f"?{ref.query}" if ref.query else "")
 
     def _personal(self, value: str | None) -> str:
         return _e(personal_as(value, self.redact) if value is not None else None)
@@ -205,10 +283,12 @@ class WebApp:
         form = await request.post()
         cookie = request.cookies.get(CSRF_COOKIE, "")
         sent = str(form.get("csrf", ""))
-        if not cookie or not hmac.compare_digest(cookie, sent):
+        if not cookie or not hmac.compare_digest(self._form_token(cookie), sent):
             raise web.HTTPForbidden(text="pgwork: the form's CSRF token does not match")
+        # A browser sends Origin with every POST; "null" (an opaque origin: a sandboxed frame,
+        # a data: URL) is another origin too. A client without one (curl) still needs the token.
         origin = request.headers.get("Origin")
-        if origin not in (None, "null") and origin != f"{request.scheme}://{request.host}":
+        if origin is not None and origin != f"{request.scheme}://{request.host}":
             raise web.HTTPForbidden(text="pgwork: a form from another origin")
         return {k: str(v) for k, v in form.items()}
 
@@ -294,19 +374,16 @@ class WebApp:
         return self._page(request, "Overview", body)
 
     async def channel(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        status = request.query.get("status", "")
+        name = self._channel_name(request)
+        status = self._param(request, "status") or ""
         statuses = [status] if status in ("ready", "claimed") else ["ready", "claimed"]
         after = None
         if request.query.get("after_id"):
-            try:
-                after = (
-                    request.query.get("after_source", ""),
-                    datetime.fromisoformat(request.query["after_at"]),
-                    int(request.query["after_id"]),
-                )
-            except (KeyError, ValueError):
-                raise web.HTTPBadRequest(text="pgwork: a malformed page link") from None
+            after = (
+                self._param(request, "after_source") or "",
+                self._time_param(request, "after_at"),
+                self._id_param(request, "after_id"),
+            )
         async with self.pool.connection() as conn:
             got = await store.live_page(
                 conn, channel=name, statuses=statuses, after=after, limit=PAGE
@@ -419,16 +496,12 @@ class WebApp:
         return self._page(request, f"Work {work_id}", body)
 
     async def dead(self, request: web.Request) -> web.Response:
-        q = request.query
-        channel = q.get("channel") or None
-        source = q.get("source") or None
-        reason = q.get("reason") or None
+        channel = self._param(request, "channel")
+        source = self._param(request, "source")
+        reason = self._param(request, "reason")
         before = None
-        if q.get("before_id"):
-            try:
-                before = (datetime.fromisoformat(q["before_at"]), int(q["before_id"]))
-            except (KeyError, ValueError):
-                raise web.HTTPBadRequest(text="pgwork: a malformed page link") from None
+        if request.query.get("before_id"):
+            before = (self._time_param(request, "before_at"), self._id_param(request, "before_id"))
         async with self.pool.connection() as conn:
             got = await store.dead_page(
                 conn,
@@ -490,17 +563,25 @@ class WebApp:
 
     async def login(self, request: web.Request) -> web.Response:
         form = await self._checked_post(request)
-        if self.token is None or self._auth is None:
+        if self.token is None:
             raise web.HTTPForbidden(text="pgwork: actions are off (no web.token is configured)")
         if not hmac.compare_digest(form.get("token", "").encode(), self.token.encode()):
             log.warning("web: a sign-in with a wrong token", extra={"remote": request.remote})
             raise web.HTTPForbidden(text="pgwork: wrong token")
-        resp = web.HTTPSeeOther(request.headers.get("Referer") or "/")
-        resp.set_cookie(AUTH_COOKIE, self._auth, httponly=True, samesite="Strict", path="/")
+        resp = web.HTTPSeeOther(self._back(request))
+        resp.set_cookie(
+            AUTH_COOKIE,
+            self._new_session(),
+            max_age=SESSION_TTL,
+            httponly=True,
+            samesite="Strict",
+            path="/",
+        )
         raise resp
 
     async def logout(self, request: web.Request) -> web.Response:
         await self._checked_post(request)
+        self._sessions.pop(request.cookies.get(AUTH_COOKIE, ""), None)
         resp = web.HTTPSeeOther("/")
         resp.del_cookie(AUTH_COOKIE, path="/")
         raise resp
@@ -526,7 +607,7 @@ class WebApp:
 
     async def pause(self, request: web.Request) -> web.Response:
         form = await self._action(request)
-        name = request.match_info["name"]
+        name = self._channel_name(request)
         actor = self._actor(request)
         reason = form.get("reason", "").strip()[:200] or None
         async with self.pool.connection() as conn:
@@ -537,7 +618,7 @@ class WebApp:
 
     async def resume(self, request: web.Request) -> web.Response:
         await self._action(request)
-        name = request.match_info["name"]
+        name = self._channel_name(request)
         actor = self._actor(request)
         async with self.pool.connection() as conn:
             await self._channel_known(conn, name)

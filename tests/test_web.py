@@ -341,3 +341,103 @@ def test_pgwork_web_serves_until_sigterm(dsn: str) -> None:
         assert p.wait(15) == 0
         if p.stderr is not None:
             p.stderr.close()
+
+
+# -- issue 25, item 10: odd input, sign-in, CSRF ---------------------------------------------
+
+
+async def test_odd_input_gets_a_400_naming_the_parameter_with_the_security_headers(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """NUL bytes in names, filters and cursors, and ids beyond bigint, once got a 500 without
+    the security headers."""
+    big = "99999999999999999999"
+    at = "2026-01-01T00:00:00%2B00:00"
+    probes = {
+        "/channel/a%00b": "name",
+        "/dead?channel=a%00b": "channel",
+        "/dead?source=%00": "source",
+        "/dead?reason=x%00": "reason",
+        f"/dead?before_at={at}&before_id={big}": "before_id",
+        f"/channel/hook?after_source=x&after_at={at}&after_id={big}": "after_id",
+        f"/channel/hook?after_source=%00&after_at={at}&after_id=1": "after_source",
+        "/channel/hook?status=%00": "status",
+    }
+    async with _serving(dsn, web_token=TOKEN) as url, aiohttp.ClientSession() as s:
+        for path, param in probes.items():
+            async with s.get(url + path) as r:
+                body = await r.text()
+                assert r.status == 400, (path, r.status, body)
+                assert param in body, (path, body)
+                assert "Content-Security-Policy" in r.headers, path
+                assert r.headers["X-Content-Type-Options"] == "nosniff", path
+        async with s.get(url + "/no/such/page") as r:
+            assert r.status == 404 and "Content-Security-Policy" in r.headers
+
+
+async def _signed_in(s: aiohttp.ClientSession, url: str, **headers: str) -> tuple[str, Any]:
+    _, html = await _get(s, url + "/")
+    csrf = _csrf(html)
+    async with s.post(
+        f"{url}/login", data={"csrf": csrf, "token": TOKEN}, headers=headers, allow_redirects=False
+    ) as r:
+        assert r.status == 303, await r.text()
+        return csrf, r
+
+
+async def test_sign_in_never_redirects_to_another_site(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
+        _, r = await _signed_in(s, url, Referer="http://evil.example/phish")
+        assert r.headers["Location"] == "/"
+        _, r = await _signed_in(s, url, Referer="//evil.example/phish")
+        assert r.headers["Location"] == "/"
+        _, r = await _signed_in(s, url, Referer=f"{url}/dead?channel=hook")
+        assert r.headers["Location"] == "/dead?channel=hook"
+
+
+async def test_a_sign_in_expires_and_sign_out_revokes_it(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    ids = await _seed(dsn, conn)
+    dead = ids["lease:2"]
+    async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
+        csrf, r = await _signed_in(s, url)
+        cookie = r.cookies[web.AUTH_COOKIE]
+        assert 0 < int(cookie["max-age"]) <= 24 * 3600  # it expires
+        stolen = cookie.value
+        async with s.post(f"{url}/logout", data={"csrf": csrf}) as r:
+            assert r.status == 200
+        # The old cookie (copied before the sign-out) no longer signs anyone in.
+        s.cookie_jar.update_cookies({web.AUTH_COOKIE: stolen})
+        async with s.post(f"{url}/work/{dead}/redrive", data={"csrf": csrf}) as r:
+            assert r.status == 403 and "sign in" in await r.text()
+        # Nor does another browser's sign-in: each is its own.
+        async with _client() as other:
+            await _signed_in(other, url)
+        async with s.post(f"{url}/work/{dead}/redrive", data={"csrf": csrf}) as r:
+            assert r.status == 403
+
+
+async def test_a_csrf_cookie_planted_from_another_port_or_a_null_origin_is_refused(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Cookies are not port-scoped: another service on the same host can set pgwork_csrf. A form
+    token equal to a cookie the attacker chose must not pass; nor may a form from an opaque
+    origin (Origin: null)."""
+    ids = await _seed(dsn, conn)
+    dead = ids["lease:2"]
+    async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
+        csrf, _ = await _signed_in(s, url)
+        async with s.post(
+            f"{url}/work/{dead}/redrive", data={"csrf": csrf}, headers={"Origin": "null"}
+        ) as r:
+            assert r.status == 403
+        s.cookie_jar.update_cookies({web.CSRF_COOKIE: "planted-by-another-port"})
+        async with s.post(
+            f"{url}/work/{dead}/redrive", data={"csrf": "planted-by-another-port"}
+        ) as r:
+            assert r.status == 403
+    got = await rows(conn, "SELECT status FROM pgwork.renewal_work WHERE id = %s", (dead,))
+    assert got == [{"status": "dead"}]
