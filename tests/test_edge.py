@@ -646,3 +646,63 @@ async def test_a_throttle_limit_holds_across_overlapping_claims(
             await a.commit()
     assert got == {"a": 1, "b": 0}
     assert await count(conn, "status = 'claimed'") == 1
+
+
+async def test_the_breaker_counts_every_failure_of_overlapping_flushes(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 25 (also): the circuit breaker's count of failures in a row was computed from each
+    outcome statement's snapshot, so two daemons' flushes overlapping lost an increment. Two
+    flushes of one failed attempt each, the second running while the first is uncommitted: the
+    count is 2, and a breaker_after of 2 trips."""
+    from pgwork import db
+
+    await conn.execute(
+        "UPDATE pgwork.channel SET breaker_after = 2, breaker_probe = '30 s' WHERE name = 'test'"
+    )
+    await _insert_due(conn, 2, channel="test")
+    await materialise(dsn)
+    claimed = await claim(dsn)
+    assert len(claimed) == 2
+
+    def failed(r: dict[str, Any]) -> str:
+        return json.dumps(
+            [
+                {
+                    "work_id": r["id"],
+                    "lease": r["lease"],
+                    "attempt": r["attempts"],
+                    "channel": "test",
+                    "outcome": "retry",
+                    "status": "ready",
+                    "retry_after": 5.0,
+                    "started_ago": 0.2,
+                    "finished_ago": 0.1,
+                    "error": "HTTP 500",
+                }
+            ]
+        )
+
+    async def flush(c: psycopg.AsyncConnection[Any], r: dict[str, Any]) -> None:
+        await c.execute(
+            statement_sql("record_outcomes"),
+            {"outcomes": failed(r), "daemon_id": "d", "host": "h", "pid": 1},
+        )
+
+    async with await db.connect(dsn) as a, await db.connect(dsn) as b:
+        await a.set_autocommit(False)
+        async with anyio.create_task_group() as tg:
+            await flush(a, claimed[0])  # uncommitted
+            tg.start_soon(flush, b, claimed[1])
+            await anyio.sleep(0.5)  # b's flush waits for a's row lock on the channel
+            await a.commit()
+    (ch,) = await rows(
+        conn, "SELECT failures, throttle_limit FROM pgwork.channel WHERE name = 'test'"
+    )
+    assert ch == {"failures": 2, "throttle_limit": 1}  # counted both, and tripped
+
+
+def statement_sql(name: str) -> str:
+    from pgwork.queries import Q
+
+    return Q[name]

@@ -377,10 +377,10 @@ WITH o AS (
     -- The circuit breaker: failed attempts in a row, across daemons (a batch with a success
     -- resets the count). Reaching breaker_after trips it: the channel is held for breaker_probe,
     -- then probed one delivery at a time (a throttle limit of one), and the count stays up, so a
-    -- failed probe trips it again and a success starts the recovery.
-    SELECT n.*, c.breaker_probe,
-           CASE WHEN n.ok > 0 THEN 0 ELSE c.failures + n.failed END AS failures,
-           n.ok = 0 AND c.failures + n.failed >= c.breaker_after AS trips
+    -- failed probe trips it again and a success starts the recovery. The count and the trip are
+    -- computed in the UPDATE below from the row it updates (c), not from this statement's
+    -- snapshot: a concurrent flush's increment is then counted, never overwritten.
+    SELECT n.*, c.breaker_probe
       FROM news n
       JOIN pgwork.channel c ON c.name = n.channel
 ), channel_news AS (
@@ -388,25 +388,25 @@ WITH o AS (
     -- it may have claimed (at most once a second); each success grows the limit by one, and it
     -- is lifted once back where it started. A pause reason pauses the channel (e.g. HTTP 410).
     UPDATE pgwork.channel c
-       SET not_before = CASE WHEN n.trips THEN greatest(c.not_before, now() + n.breaker_probe)
+       SET not_before = CASE WHEN (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN greatest(c.not_before, now() + n.breaker_probe)
                              WHEN n.throttle IS NULL THEN c.not_before
                              ELSE greatest(c.not_before, now() + make_interval(secs => n.throttle)) END,
-           failures = CASE WHEN c.breaker_after IS NULL THEN 0 ELSE n.failures END,
+           failures = CASE WHEN c.breaker_after IS NULL OR n.ok > 0 THEN 0 ELSE c.failures + n.failed::int END,
            throttle_limit = CASE
-               WHEN n.trips THEN 1
+               WHEN (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN 1
                WHEN n.throttle IS NOT NULL AND (c.throttled_at IS NULL OR c.throttled_at < now() - interval '1 second')
                    THEN greatest(1, coalesce(c.throttle_limit, pgwork.claimed_now(c.name)::int) / 2)
                WHEN n.throttle IS NOT NULL OR c.throttle_limit IS NULL THEN c.throttle_limit
                WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                ELSE c.throttle_limit + n.ok::int END,
            throttle_from = CASE
-               WHEN (n.throttle IS NOT NULL OR n.trips) AND c.throttle_limit IS NULL
+               WHEN (n.throttle IS NOT NULL OR (n.ok = 0 AND c.failures + n.failed >= c.breaker_after)) AND c.throttle_limit IS NULL
                    THEN greatest(2, pgwork.claimed_now(c.name)::int)
                WHEN n.throttle IS NULL AND c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                ELSE c.throttle_from END,
-           throttled_at = CASE WHEN n.throttle IS NOT NULL OR n.trips THEN now() ELSE c.throttled_at END,
-           throttle_reason = CASE WHEN n.trips THEN format('circuit breaker: %%s failed attempts in a row; probing every %%s',
-                                                           n.failures, n.breaker_probe)
+           throttled_at = CASE WHEN n.throttle IS NOT NULL OR (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN now() ELSE c.throttled_at END,
+           throttle_reason = CASE WHEN (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN format('circuit breaker: %%s failed attempts in a row; probing every %%s',
+                                                           c.failures + n.failed, n.breaker_probe)
                                   WHEN n.throttle IS NOT NULL THEN left(n.throttle_reason, 500)
                                   WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
                                   ELSE c.throttle_reason END,
@@ -419,8 +419,9 @@ WITH o AS (
        AND (n.throttle IS NOT NULL OR n.pause IS NOT NULL OR c.throttle_limit IS NOT NULL
             OR (c.breaker_after IS NOT NULL AND (n.failed > 0 OR c.failures > 0)))
     -- Every daemon holds its queued rows of a newly throttled or paused channel at once (in a
-    -- RETURNING list: a data-modifying CTE always runs, a plain one only when read).
-    RETURNING c.name, CASE WHEN n.throttle IS NOT NULL OR n.pause IS NOT NULL OR n.trips
+    -- RETURNING list: a data-modifying CTE always runs, a plain one only when read). RETURNING
+    -- reads the updated row: its failures already count this batch's.
+    RETURNING c.name, CASE WHEN n.throttle IS NOT NULL OR n.pause IS NOT NULL OR (n.ok = 0 AND c.failures >= c.breaker_after)
                            THEN pg_notify('pgwork_channel', c.name)::text END AS told
 ), judged AS (
     -- Joins, not correlated EXISTS: a flush holds up to a thousand records, and a scan of
