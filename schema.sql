@@ -369,10 +369,13 @@ COMMENT ON FUNCTION pgwork.local_to_instant(timestamp, text) IS
 CREATE FUNCTION pgwork.fire_at(due_at timestamptz, due_local timestamp, due_tz text, before interval)
 RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
     -- Offsets count in the reminder's own calendar: in its zone for local-time reminders
-    -- ("7 days before 09:00 London" is 09:00 London), in UTC otherwise.
+    -- ("7 days before 09:00 London" is 09:00 London), in UTC otherwise. A send before the
+    -- deadline never fires after it: a local time in a DST gap is shifted forward by the gap,
+    -- which can carry it past the deadline (02:29 before a 02:30 deadline, on a night whose
+    -- clocks jump from 02:00 to 02:30); it then fires at the deadline.
     SELECT CASE WHEN due_local IS NULL
                 THEN ((due_at AT TIME ZONE 'UTC') - before) AT TIME ZONE 'UTC'
-                ELSE pgwork.local_to_instant(due_local - before, due_tz) END
+                ELSE least(pgwork.local_to_instant(due_local - before, due_tz), due_at) END
 $$;
 COMMENT ON FUNCTION pgwork.fire_at(timestamptz, timestamp, text, interval) IS
     'When the occurrence "before" ahead of a deadline fires.';

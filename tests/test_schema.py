@@ -550,3 +550,31 @@ async def test_row_level_security_keeps_apps_to_their_own_sources(
         for role in (a, b):
             await conn.execute(f'DROP OWNED BY "{role}"')
             await conn.execute(f'DROP ROLE "{role}"')
+
+
+async def test_a_send_before_the_deadline_never_fires_after_it_in_a_dst_gap(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Issue 25 (also): on Lord Howe Island clocks go from 02:00 to 02:30. A deadline at 02:30
+    (the first valid minute) with a send one minute before: 02:29 does not exist, and shifted
+    forward by the gap it fired at 02:59, half an hour after its own deadline. It is clamped to
+    the deadline."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, remind_before,"
+        " channel, recipient) VALUES ('s', 'gap', '2027-10-03 02:30', 'Australia/Lord_Howe',"
+        " '{1 minute, 10 minutes, 0}', 'log', 'r')"
+    )
+    got = await rows(
+        conn,
+        "SELECT remind_before, send_at, deadline FROM pgwork.reminder_status"
+        " WHERE business_key = 'gap' ORDER BY remind_before",
+    )
+    deadline = datetime(2027, 10, 2, 15, 30, tzinfo=UTC)
+    assert [(r["send_at"], r["deadline"]) for r in got] == [
+        (deadline, deadline),  # 0
+        (deadline, deadline),  # 1 minute: 02:29 is in the gap; clamped to the deadline
+        # 10 minutes: 02:20 is in the gap too; shifted forward (02:50 local) it would be late
+        (deadline, deadline),
+    ]
+    (r,) = await rows(conn, "SELECT next_fire_at, due_at FROM pgwork.reminder")
+    assert r["next_fire_at"] <= r["due_at"]

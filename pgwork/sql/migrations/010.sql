@@ -11,6 +11,8 @@
 --     the daemon's reads no longer call a SECURITY DEFINER function per reminder row.
 --   * Apps read only the channel columns they need (not throttle_reason, which quotes a
 --     receiver's reply to another source's delivery).
+--   * A send before a local deadline never fires after it (pgwork.fire_at clamps a time that a
+--     DST gap shifted past the deadline to the deadline).
 -- A daemon of version 9 keeps working on this schema until it is restarted.
 
 ALTER TABLE pgwork.app_source ENABLE ROW LEVEL SECURITY;
@@ -70,6 +72,19 @@ SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before
     OR r.source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]);
 DROP FUNCTION pgwork.source_allowed(text, name);
 
+CREATE OR REPLACE FUNCTION pgwork.fire_at(due_at timestamptz, due_local timestamp, due_tz text, before interval)
+RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    -- Offsets count in the reminder's own calendar: in its zone for local-time reminders
+    -- ("7 days before 09:00 London" is 09:00 London), in UTC otherwise. A send before the
+    -- deadline never fires after it: a local time in a DST gap is shifted forward by the gap,
+    -- which can carry it past the deadline (02:29 before a 02:30 deadline, on a night whose
+    -- clocks jump from 02:00 to 02:30); it then fires at the deadline.
+    SELECT CASE WHEN due_local IS NULL
+                THEN ((due_at AT TIME ZONE 'UTC') - before) AT TIME ZONE 'UTC'
+                ELSE least(pgwork.local_to_instant(due_local - before, due_tz), due_at) END
+$$;
+
+
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_app') THEN
@@ -83,5 +98,9 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Progress computed by the old fire_at past a deadline: every occurrence left now fires at it.
+UPDATE pgwork.reminder SET next_fire_at = due_at
+ WHERE due_local IS NOT NULL AND next_fire_at > due_at AND next_fire_at < 'infinity';
 
 UPDATE pgwork.schema_version SET version = 10, applied_at = now();
