@@ -706,3 +706,45 @@ def statement_sql(name: str) -> str:
     from pgwork.queries import Q
 
     return Q[name]
+
+
+async def test_a_redriven_row_older_than_expire_after_is_sent_not_expired(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 25 (also): a redrive is the operator saying "send it". A dead row due two hours ago
+    on a channel with expire_after = 1 hour was reported redriven, then closed as expired at its
+    next claim without a send. expire_after counts from the later of its due time and its last
+    redrive."""
+    await _insert_due(conn, 1, channel="test")
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', dead_reason = 'permanent failure',"
+        " finished_at = now(), due_at = now() - interval '2 hours'"
+    )
+    (redriven,) = await statement(
+        conn,
+        "dlq_redrive",
+        {
+            "all": True,
+            "ids": [],
+            "channel": None,
+            "since": None,
+            "reason_like": None,
+            "operator": "ops",
+        },
+    )
+    assert redriven["verdict"] == "ok"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        got = await statement(
+            c,
+            "claim_work",
+            {
+                "channel": "test",
+                "limit": 10,
+                "max_attempts": 5,
+                "lease": timedelta(seconds=30),
+                "daemon_id": "d",
+                "expire_after": timedelta(hours=1),
+            },
+        )
+    assert [r["status"] for r in got] == ["claimed"]

@@ -242,7 +242,8 @@ WITH gate AS MATERIALIZED (
     SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
            w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
            coalesce(pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence),
-                    CASE WHEN w.due_at + %(expire_after)s::interval < now() THEN 'expired'
+                    -- Counted from the last redrive when there was one: a redrive says "send it".
+                    CASE WHEN greatest(w.due_at, w.redriven_at) + %(expire_after)s::interval < now() THEN 'expired'
                          WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
                          ELSE 'claimed' END) AS verdict,
            -- The payload as text: nothing in the claim decodes it (one undecodable payload
@@ -268,7 +269,8 @@ WITH gate AS MATERIALIZED (
                               ELSE 'attempt budget spent' END,
            last_error = CASE WHEN j.verdict <> 'expired' THEN w.last_error
                              ELSE format('expired: not sent by %%s (due %%s, expire_after %%s)',
-                                         w.due_at + %(expire_after)s::interval, w.due_at, %(expire_after)s::interval) END
+                                         greatest(w.due_at, w.redriven_at) + %(expire_after)s::interval, w.due_at,
+                                         %(expire_after)s::interval) END
       FROM judged j
      WHERE w.id = j.id
     RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
