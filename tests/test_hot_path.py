@@ -680,13 +680,17 @@ async def test_a_page_that_handed_over_all_it_made_does_not_wake_the_claim_loops
     async with running(config(lookahead=7200.0), dsn) as d:
         await anyio.sleep(0.5)  # the start's own wake-ups are over
         before = claim_wakeups(d)
-        for i in range(3):
+        for i in range(6):
             await add(conn, f"now{i}")
             await until(partial(_delivered, conn, i + 1), what=f"reminder {i} delivered")
-        assert claim_wakeups(d) == before  # each was handed over by its page
+        # Each was handed over by its page, unless the page ran while the claim loop was in a
+        # claim of its own (the page then leaves the row ready and wakes it): seen about once in
+        # three runs of three reminders. A wake-up per reminder is what this guards against.
+        after = claim_wakeups(d)
+        assert after - before <= 2
         await add(conn, "later", "now() + interval '1 hour'")
-        await until(lambda: _made(conn, 4), what="the later reminder made")
-        await until(lambda: _woken(d, claim_wakeups, before), what="the claim loop woken")
+        await until(lambda: _made(conn, 7), what="the later reminder made")
+        await until(lambda: _woken(d, claim_wakeups, after), what="the claim loop woken")
 
 
 async def _delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:
