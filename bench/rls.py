@@ -36,7 +36,7 @@ async def one_pass(admin: str, dsn: str, n: int, rls: bool) -> float:
         await c.execute("TRUNCATE pgwork.renewal_work, pgwork.attempt, pgwork.reminder")
         await c.execute(
             "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
-            "SELECT 's' || (i % 10), 'k' || i, now() - interval '1 minute', 'noop', 'r' "
+            "SELECT 's' || (i %% 10), 'k' || i, now() - interval '1 minute', 'noop', 'r' "
             "FROM generate_series(1, %s) AS i",
             (n,),
         )
