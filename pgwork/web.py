@@ -200,7 +200,7 @@ class WebApp:
     @classmethod
     def _id_param(cls, request: web.Request, name: str) -> int:
         value = cls._param(request, name) or ""
-        if not value.isdigit() or int(value) > BIGINT_MAX:
+        if not (value.isascii() and value.isdigit()) or int(value) > BIGINT_MAX:
             raise web.HTTPBadRequest(
                 text=f"pgwork: query parameter {name!r} must be a row id (0 .. {BIGINT_MAX})"
             )

@@ -25,6 +25,7 @@ from .helpers import (
     materialise,
     rows,
     running,
+    settled,
     statement,
     until,
     webhook_channel,
@@ -548,14 +549,10 @@ async def test_an_attempt_that_paused_the_channel_does_not_spend_the_budget(
             (w,) = await rows(conn, "SELECT status, attempts FROM pgwork.renewal_work")
             assert w == {"status": "ready", "attempts": 1}  # the 410 was not counted
             await conn.execute("SELECT pgwork.resume_channel('hook', 'ops')")
-            await until(lambda: _settled_one(conn), what="settled after resume")
+            await until(lambda: settled(conn, 1), what="settled after resume")
         assert len(receiver.requests) == 3
     (w,) = await rows(conn, "SELECT status FROM pgwork.renewal_work")
     assert w["status"] == "delivered"
-
-
-async def _settled_one(conn: psycopg.AsyncConnection[Any]) -> bool:
-    return await count(conn, "status IN ('delivered', 'dead')") == 1
 
 
 async def test_a_failed_give_back_keeps_the_rows_owned_and_tries_again(
@@ -684,9 +681,8 @@ async def test_the_breaker_counts_every_failure_of_overlapping_flushes(
         )
 
     async def flush(c: psycopg.AsyncConnection[Any], r: dict[str, Any]) -> None:
-        await c.execute(
-            statement_sql("record_outcomes"),
-            {"outcomes": failed(r), "daemon_id": "d", "host": "h", "pid": 1},
+        await statement(
+            c, "record_outcomes", {"outcomes": failed(r), "daemon_id": "d", "host": "h", "pid": 1}
         )
 
     async with await db.connect(dsn) as a, await db.connect(dsn) as b:
@@ -700,12 +696,6 @@ async def test_the_breaker_counts_every_failure_of_overlapping_flushes(
         conn, "SELECT failures, throttle_limit FROM pgwork.channel WHERE name = 'test'"
     )
     assert ch == {"failures": 2, "throttle_limit": 1}  # counted both, and tripped
-
-
-def statement_sql(name: str) -> str:
-    from pgwork.queries import Q
-
-    return Q[name]
 
 
 async def test_a_redriven_row_older_than_expire_after_is_sent_not_expired(

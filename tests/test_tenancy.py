@@ -196,7 +196,7 @@ async def test_an_apps_open_insert_does_not_stop_a_daemon_starting_or_the_channe
     """An app's uncommitted INSERT of a reminder holds FOR KEY SHARE on its channel's row (the
     foreign key). Registering channels at start, pausing, resuming and a claim must not wait for
     it: every daemon statement on pgwork.channel locks without touching the key."""
-    from .helpers import config, count, python_channel, running, until
+    from .helpers import config, count, delivered, python_channel, running, until
 
     await add(conn, "due-before", "now()")
     async with await psycopg.AsyncConnection.connect(dsn) as app:
@@ -210,12 +210,6 @@ async def test_an_apps_open_insert_does_not_stop_a_daemon_starting_or_the_channe
             await op.execute("SELECT pgwork.resume_channel('test')")
         with anyio.fail_after(20):
             async with running(config(python_channel()), dsn):
-                await until(lambda: _delivered_one(conn), what="the committed reminder delivered")
+                await until(lambda: delivered(conn, 1), what="the committed reminder delivered")
         await app.rollback()
     assert await count(conn, "status = 'delivered'") == 1
-
-
-async def _delivered_one(conn: psycopg.AsyncConnection[Any]) -> bool:
-    from .helpers import count
-
-    return await count(conn, "status = 'delivered'") == 1

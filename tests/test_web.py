@@ -359,6 +359,7 @@ async def test_odd_input_gets_a_400_naming_the_parameter_with_the_security_heade
         "/dead?source=%00": "source",
         "/dead?reason=x%00": "reason",
         f"/dead?before_at={at}&before_id={big}": "before_id",
+        f"/dead?before_at={at}&before_id=%C2%B2": "before_id",  # a digit to isdigit(), not to int()
         f"/channel/hook?after_source=x&after_at={at}&after_id={big}": "after_id",
         f"/channel/hook?after_source=%00&after_at={at}&after_id=1": "after_source",
         "/channel/hook?status=%00": "status",
