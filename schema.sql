@@ -1,4 +1,4 @@
--- pgwork schema, version 10. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 11. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (10);
+INSERT INTO pgwork.schema_version (version) VALUES (11);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -232,7 +232,7 @@ COMMENT ON COLUMN pgwork.renewal_work.lease IS
     'lease it claimed, so a worker whose lease expired cannot overwrite its successor''s outcome.';
 
 -- The claim's index: small (only live rows), ordered like the claim within each source (the
--- claim takes every due source's oldest rows in turn, see pgwork.live_sources).
+-- claim takes the oldest rows of the sources whose turn it is, see pgwork.lane).
 CREATE INDEX work_claimable ON pgwork.renewal_work (channel, source, available_at, id)
     WHERE status IN ('ready', 'claimed');
 -- Retention and DLQ listings.
@@ -415,25 +415,63 @@ COMMENT ON FUNCTION pgwork.claimed_now(text) IS
     'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
     'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
 
-CREATE FUNCTION pgwork.live_sources(channel text) RETURNS SETOF text
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    -- A loose scan of work_claimable: one index probe per source, however many rows each has.
-    WITH RECURSIVE walk(source) AS (
-        (SELECT w.source FROM pgwork.renewal_work w
-          WHERE w.channel = live_sources.channel AND w.status IN ('ready', 'claimed')
-          ORDER BY w.source LIMIT 1)
-        UNION ALL
-        SELECT (SELECT w.source FROM pgwork.renewal_work w
-                 WHERE w.channel = live_sources.channel AND w.status IN ('ready', 'claimed')
-                   AND w.source > walk.source
-                 ORDER BY w.source LIMIT 1)
-          FROM walk
-         WHERE walk.source IS NOT NULL)
-    SELECT source FROM walk WHERE source IS NOT NULL
+-- The sources with ready work in each channel, in the order they are to be served: a claim
+-- takes the lanes whose turn has come (turn_at <= now, oldest turn first, a batch's worth at
+-- most: its cost never grows with the number of sources), their oldest rows, and sends each
+-- served lane to the back (turn_at = now) or to its next row's time, or deletes it when it has no
+-- ready row left. Every statement that makes a row ready brings its lane's turn forward
+-- (pgwork.wake_lanes, a trigger): a lane is never later than its ready rows.
+-- Rows claimed under a lease are not in lanes: an expired lease is found through work_held.
+CREATE TABLE pgwork.lane (
+    channel text NOT NULL,
+    source  text NOT NULL,
+    turn_at timestamptz NOT NULL,
+    PRIMARY KEY (channel, source)
+);
+CREATE INDEX lane_turn ON pgwork.lane (channel, turn_at, source);
+COMMENT ON TABLE pgwork.lane IS
+    'A channel''s sources with ready work, served in turn (fair claiming): written by the daemon only.';
+COMMENT ON COLUMN pgwork.lane.turn_at IS
+    'When the source is next served: its oldest ready row''s time, or when it was last served while '
+    'more rows were due (the back of the line). Never later than its ready rows.';
+
+CREATE FUNCTION pgwork.next_ready(channel text, source text, taken bigint[]) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT w.available_at FROM pgwork.renewal_work w
+         WHERE w.channel = next_ready.channel AND w.source = next_ready.source AND w.status = 'ready'
+           AND NOT w.id = ANY (coalesce(taken, '{}'))
+         ORDER BY w.available_at, w.id
+         LIMIT 1);
+COMMENT ON FUNCTION pgwork.next_ready(text, text, bigint[]) IS
+    'When a lane''s next ready row is available, past the rows a claim takes (NULL: none left).';
+
+CREATE FUNCTION pgwork.wake_lanes() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival): their
+    -- lanes' turns come no later than the rows (or now, for a row ready earlier: it queues
+    -- behind the lanes already waiting). Lanes are locked in key order by every writer, so two
+    -- writers never wait for each other in a cycle; a claim never waits for a lane (SKIP
+    -- LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a claim turning
+    -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
+    INSERT INTO pgwork.lane AS l (channel, source, turn_at)
+    SELECT r.channel, r.source, min(r.available_at)
+      FROM woken r
+     WHERE r.status = 'ready'
+     GROUP BY r.channel, r.source
+     ORDER BY r.channel, r.source
+        ON CONFLICT (channel, source) DO UPDATE
+       SET turn_at = greatest(excluded.turn_at, now())
+     WHERE l.turn_at > greatest(excluded.turn_at, now());
+    RETURN NULL;
+END
 $$;
-COMMENT ON FUNCTION pgwork.live_sources(text) IS
-    'The sources with live (ready or claimed) work in a channel: what the claim shares each batch '
-    'between, so that one source''s flood cannot hold back another source''s due work.';
+COMMENT ON FUNCTION pgwork.wake_lanes() IS
+    'Statement trigger on renewal_work: the lanes of rows made ready are due no later than the rows.';
+CREATE TRIGGER work_wakes_lanes_on_insert AFTER INSERT ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+CREATE TRIGGER work_wakes_lanes_on_update AFTER UPDATE ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
 
 CREATE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
                                   tokens double precision, tokens_at timestamptz)
@@ -1048,7 +1086,7 @@ BEGIN
               pgwork.retention_state TO pgwork_daemon;
         GRANT SELECT, INSERT, UPDATE ON pgwork.channel TO pgwork_daemon;
         GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.attempt, pgwork.retired,
-              pgwork.daemon TO pgwork_daemon;
+              pgwork.daemon, pgwork.lane TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
         BEGIN

@@ -50,6 +50,8 @@ class Sizes:
     memory_seconds: float = 1200.0
     gauges_retained: int = 10_000_000
     fairness: int = 100_000
+    #: Due sources the claim's cost is measured at (one claim of 100 rows each).
+    fairness_sources: tuple[int, ...] = (1, 100, 10_000, 100_000)
 
 
 FULL = Sizes()
@@ -86,6 +88,7 @@ SMOKE = Sizes(
     memory_seconds=3,
     gauges_retained=20_000,
     fairness=2_000,
+    fairness_sources=(1, 100, 1_000),
 )
 
 #: The daemon's settings for throughput workloads (no-op Python channel).
@@ -974,7 +977,7 @@ async def w_fairness(ctx: Ctx) -> dict[str, float]:
             )
             row = await cur.fetchone()
         late = [float(x) for x, _ in got]
-        return {
+        out = {
             "probe_late_p50_ms": statistics.median(late) * 1000,
             "probe_late_max_ms": max(late) * 1000,
             "flood_left_after_probes": float(row[0]) if row else 0.0,
@@ -982,13 +985,95 @@ async def w_fairness(ctx: Ctx) -> dict[str, float]:
         }
     finally:
         ctx.drop(name)
+    for sources in ctx.sizes.fairness_sources:
+        out.update(await claim_cost(ctx, sources))
+    return out
+
+
+#: Claims timed per number of sources (median reported).
+CLAIM_COST_SAMPLES = 7
+
+
+async def claim_cost(ctx: Ctx, sources: int) -> dict[str, float]:
+    """One claim of 100 rows with ``sources`` due sources (one row each; 10,000 rows between
+    them when there are fewer): its time (median of CLAIM_COST_SAMPLES, each committed), the WAL
+    it writes, the rows a second daemon's claim gets while the first one's transaction is open,
+    and a claim's time when nothing is due (the rows and their sources' turns an hour ahead, as
+    a lookahead materialises them). Uses only pgwork.store's claim, so the same code measures
+    an older tree."""
+    from pgwork import store
+
+    name, dsn = ctx.fresh()
+    try:
+        rows = max(sources, 10_000)
+        async with await db.connect(dsn) as c:
+            await c.execute(
+                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                "SELECT 'tenant-' || (g %% %s), 'k' || g, now() - interval '1 minute', 'noop', 'r' "
+                "FROM generate_series(1, %s) g",
+                (sources, rows),
+            )
+            made = 0
+            while made < rows:
+                res = await materialiser.run_once(c, lookahead=0, page_size=10_000)
+                assert res is not None and res.made > 0, res
+                made += res.made
+            await c.execute("ANALYZE")
+        req = store.ClaimRequest(
+            channel="noop", limit=100, max_attempts=5, lease=timedelta(hours=1), daemon_id="bench"
+        )
+
+        async def lsn(c: psycopg.AsyncConnection[Any]) -> str:
+            row = await (await c.execute("SELECT pg_current_wal_insert_lsn()::text")).fetchone()
+            return str(row[0]) if row else "0/0"
+
+        async def wal_since(c: psycopg.AsyncConnection[Any], at: str) -> float:
+            q = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)::float8"
+            row = await (await c.execute(q, (at,))).fetchone()
+            return float(row[0]) if row else 0.0
+
+        times, wal = [], []
+        async with await db.connect(dsn) as c, await db.connect(dsn) as probe:
+            for _ in range(CLAIM_COST_SAMPLES):
+                at = await lsn(probe)
+                t0 = time.perf_counter()
+                got = await store.claim_work(c, req)
+                times.append(time.perf_counter() - t0)
+                wal.append(await wal_since(probe, at))
+                assert len(got) == 100, len(got)
+        async with await db.connect(dsn) as a, await db.connect(dsn) as b:
+            async with a.transaction():
+                first = await store.claim_work(a, req)
+                second = await store.claim_work(b, req)
+        async with await db.connect(dsn) as c:
+            await c.execute(
+                "UPDATE pgwork.renewal_work SET available_at = now() + interval '1 hour' "
+                "WHERE status = 'ready'"
+            )
+            if await (await c.execute("SELECT to_regclass('pgwork.lane')")).fetchone() != (None,):
+                await c.execute("UPDATE pgwork.lane SET turn_at = now() + interval '1 hour'")
+            await c.execute("ANALYZE")
+            empty = []
+            for _ in range(CLAIM_COST_SAMPLES):
+                t0 = time.perf_counter()
+                got = await store.claim_work(c, req)
+                empty.append(time.perf_counter() - t0)
+                assert not got, len(got)
+        return {
+            f"claim_ms_{sources}_sources": statistics.median(times) * 1000,
+            f"claim_wal_kib_{sources}_sources": statistics.median(wal) / 1024,
+            f"second_daemon_rows_{sources}_sources": float(len(second)) if first else 0.0,
+            f"empty_claim_ms_{sources}_sources": statistics.median(empty) * 1000,
+        }
+    finally:
+        ctx.drop(name)
 
 
 def shrink(s: Sizes, factor: float) -> Sizes:
-    return replace(
-        s,
-        **{k: max(1, int(v * factor)) if isinstance(v, int) else v for k, v in s.__dict__.items()},
-    )
+    scaled: dict[str, Any] = {
+        k: max(1, int(v * factor)) if isinstance(v, int) else v for k, v in s.__dict__.items()
+    }
+    return replace(s, **scaled)
 
 
 def randomise(seed: int) -> None:

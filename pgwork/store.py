@@ -483,11 +483,11 @@ class ClaimRequest:
 
 
 async def claim_work(conn: Conn, req: ClaimRequest) -> list[Claimed]:
-    """claim_work after channel_lock, in one transaction and round trip. Always both: whether a
-    limit is in force (a throttle limit, the breaker's probe) is the channel row's to say, not
-    this daemon's config (see channel_lock)."""
+    """claim_work after claim_lock, in one transaction and round trip. Always both: the lanes
+    are taken first, and whether a limit is in force (a throttle limit, the breaker's probe) is
+    the channel row's to say, not this daemon's config (see claim_lock)."""
     async with conn.pipeline(), conn.transaction():
-        await conn.execute(Q["channel_lock"], {"channel": req.channel})
+        await conn.execute(Q["claim_lock"], {"channel": req.channel, "limit": req.limit})
         cur = _cursor(conn, "claim_work", _tuple_rows(Claimed))
         await _execute(cur, "claim_work", req.params())
     return await cur.fetchall()

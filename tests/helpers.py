@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgwork import db
+from pgwork import db, store
 from pgwork.duties import materialise as materialiser
 
 
@@ -72,24 +72,29 @@ async def materialise(
 
 
 async def claim(
-    dsn: str, *, lease: float = 30.0, max_attempts: int = 5, limit: int = 100
+    dsn: str,
+    *,
+    lease: float = 30.0,
+    max_attempts: int = 5,
+    limit: int = 100,
+    on: psycopg.AsyncConnection[Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Claim rows of the `test` channel by hand, as a worker of daemon `d` would."""
+    """Claim rows of the `test` channel by hand, as a worker of daemon `d` would (the daemon's
+    own statements, in its own transaction). ``on``: a connection to claim on (in its open
+    transaction, if it has one), instead of a fresh one."""
     from datetime import timedelta
 
+    req = store.ClaimRequest(
+        channel="test",
+        limit=limit,
+        max_attempts=max_attempts,
+        lease=timedelta(seconds=lease),
+        daemon_id="d",
+    )
+    if on is not None:
+        return [r._asdict() for r in await store.claim_work(on, req)]
     async with await db.connect(dsn) as c:
-        return await statement(
-            c,
-            "claim_work",
-            {
-                "channel": "test",
-                "limit": limit,
-                "max_attempts": max_attempts,
-                "lease": timedelta(seconds=lease),
-                "daemon_id": "d",
-                "expire_after": None,
-            },
-        )
+        return [r._asdict() for r in await store.claim_work(c, req)]
 
 
 # -- in-process daemon -----------------------------------------------------------------------

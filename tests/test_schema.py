@@ -85,7 +85,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     return out
 
 
-@pytest.mark.parametrize("old", [1, 2, 3, 4, 6, 7, 8, 9])
+@pytest.mark.parametrize("old", [1, 2, 3, 4, 6, 7, 8, 9, 10])
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -443,10 +443,10 @@ def test_every_named_statement_has_one_typed_function() -> None:
     from pgwork.queries import Q
 
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
-    # Run inside another function's transaction: channel_lock in claim_work's, batch_limits in
+    # Run inside another function's transaction: claim_lock in claim_work's, batch_limits in
     # retention_delete_batch's.
     inner = {
-        "channel_lock",
+        "claim_lock",
         "batch_limits",
     }
     assert set(Q) - inner <= bound, set(Q) - bound

@@ -10,6 +10,7 @@ import random
 import socket
 import urllib.request
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from pgwork import db
 from pgwork.channels import Delivery, Failed, Outcome
 
 from . import sink
@@ -28,6 +30,7 @@ from .helpers import (
     python_channel,
     rows,
     running,
+    statement,
     until,
 )
 from .processes import hook, toml
@@ -291,3 +294,136 @@ async def test_three_flooding_sources_share_one_batch(
     await materialise(dsn)
     got = Counter(r["source"] for r in await claim(dsn, limit=100))
     assert sum(got.values()) == 100 and min(got.values()) >= 33, got
+
+
+async def _one_each(conn: psycopg.AsyncConnection[Any], sources: int) -> None:
+    """One reminder due a minute ago for each of ``sources`` sources."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 'tenant-' || g, 'k', now() - interval '1 minute', 'test', 'r' "
+        "FROM generate_series(1, %s) g",
+        (sources,),
+    )
+
+
+async def test_a_claim_locks_and_reads_its_batch_not_every_source(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """2,000 sources with one due row each: a claim of 100 locks the 100 rows it takes and
+    reads index entries for about its batch, and a second daemon claiming meanwhile gets the
+    next 100 (it once locked a row of every due source, and the second claim got nothing)."""
+    await _one_each(conn, 2000)
+    await materialise(dsn)
+    async with await db.connect(dsn) as first, await db.connect(dsn) as second:
+        async with first.transaction():
+            got = await claim(dsn, limit=100, on=first)
+            read = await rows(
+                first,
+                # Index entries of work rows this transaction read. (The lanes are read as the
+                # planner sees fit: 2,000 of them in one bitmap scan here, 100 of 100,000 by
+                # their index in the fairness benchmark.)
+                "SELECT sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) AS n "
+                "FROM pg_index i WHERE i.indrelid = 'pgwork.renewal_work'::regclass",
+            )
+            free = await rows(
+                conn,
+                "SELECT count(*) AS n FROM (SELECT FROM pgwork.renewal_work "
+                "WHERE status IN ('ready', 'claimed') FOR UPDATE SKIP LOCKED) AS x",
+            )
+            also = await claim(dsn, limit=100, on=second)
+        assert len(got) == 100
+        assert 2000 - free[0]["n"] == 100, "rows locked by one claim of 100"
+        assert read[0]["n"] <= 600, "index entries of work rows one claim of 100 read"
+        assert len(also) == 100
+        assert not {r["id"] for r in got} & {r["id"] for r in also}
+
+
+async def test_a_claim_of_one_serves_the_sources_in_turn(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A claim budget smaller than the number of due sources (a rate limit, a small global
+    concurrency or throttle): the sources are served in turn, not the oldest rows first (a's
+    ten rows, all older than b's and c's, once took the first ten claims)."""
+    await _flood(conn, "a", 10, "now() - interval '1 hour'")
+    await _flood(conn, "b", 10, "now() - interval '30 minutes'")
+    await _flood(conn, "c", 1, "now() - interval '1 minute'")
+    await materialise(dsn)
+    order = []
+    for _ in range(7):
+        (one,) = await claim(dsn, limit=1)
+        order.append(one["source"])
+    assert order == ["a", "b", "c", "a", "b", "a", "b"]
+
+
+async def test_a_rate_limited_channel_serves_a_small_app_between_a_floods_rows(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """rate_limit 10/s, burst 1: app b's one reminder, written after app a's 60, is sent second,
+    not 61st after the whole flood (4.6 s late)."""
+    await _flood(conn, "a", 60, "now() - interval '1 minute'")
+    await _flood(conn, "b", 1, "now()")
+    cfg = config(replace(python_channel(), rate_limit=10.0, rate_burst=1.0))
+    async with running(cfg, dsn):
+        await until(lambda: _delivered_key(conn, "b:1"), timeout=30, what="app b's reminder")
+    sent = await rows(
+        conn,
+        "SELECT w.source FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
+        "WHERE a.outcome = 'delivered' ORDER BY a.started_at, a.work_id",
+    )
+    sources = [r["source"] for r in sent]
+    assert "b" in sources[:2], sources[:5]
+
+
+async def test_every_way_a_row_becomes_ready_makes_it_claimable_again(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A claim removes a source's lane when it takes its last ready row; a give-back, a retry
+    and a redrive each make the row ready again, and it must be claimable at once (its lane
+    woken), not stranded."""
+    await _flood(conn, "s", 1, "now() - interval '1 minute'")
+    await materialise(dsn)
+    lanes = "SELECT count(*) AS n FROM pgwork.lane"
+    me = {"daemon_id": "d", "host": "h", "pid": 1}
+
+    (row,) = await claim(dsn)
+    assert (await rows(conn, lanes))[0]["n"] == 0
+    await statement(
+        conn, "release_leases", {"work_id": [row["id"]], "lease_no": [row["lease"]], **me}
+    )
+    (row,) = await claim(dsn)  # given back
+
+    retry = {
+        "work_id": row["id"],
+        "lease": row["lease"],
+        "attempt": row["attempts"],
+        "channel": "test",
+        "outcome": "retry",
+        "status": "ready",
+        "retry_after": 0,
+    }
+    await statement(conn, "record_outcomes", {"outcomes": json.dumps([retry]), **me})
+    (row,) = await claim(dsn)  # retried
+
+    dead = {
+        **retry,
+        "lease": row["lease"],
+        "attempt": row["attempts"],
+        "outcome": "failed",
+        "status": "dead",
+    }
+    await statement(conn, "record_outcomes", {"outcomes": json.dumps([dead]), **me})
+    assert await claim(dsn) == []
+    await statement(
+        conn,
+        "dlq_redrive",
+        {
+            "all": True,
+            "ids": [],
+            "channel": None,
+            "since": None,
+            "reason_like": None,
+            "operator": "t",
+        },
+    )
+    (row,) = await claim(dsn)  # redriven
+    assert row["id"] == retry["work_id"]

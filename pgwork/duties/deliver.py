@@ -103,7 +103,7 @@ class ChannelWorker:
         self.lease = timedelta(seconds=cfg.lease)
         c = channel.config
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
-        #: Configured limits that claims count (under the channel's lock, see channel_lock): the
+        #: Configured limits that claims count (under the channel's lock, see claim_lock): the
         #: materialiser's page does not claim for such a channel.
         self.lock_channel = c.rate_limit is not None or c.global_concurrency is not None
         self.claim_batch = cfg.claim_batch

@@ -72,7 +72,7 @@ WITH cfg AS (
     -- FOR NO KEY UPDATE, never FOR UPDATE: an app's open INSERT of a reminder holds FOR KEY
     -- SHARE on its channel's row (the foreign key), which FOR UPDATE would wait for (a daemon
     -- could not start while any app had such a transaction open). Every other daemon statement
-    -- on pgwork.channel is an UPDATE that leaves the key alone, or channel_lock: the same mode.
+    -- on pgwork.channel is an UPDATE that leaves the key alone, or claim_lock: the same mode.
     SELECT c.* FROM pgwork.channel c JOIN cfg USING (name) FOR NO KEY UPDATE OF c
 ), upserted AS (
     INSERT INTO pgwork.channel AS ch
@@ -94,19 +94,34 @@ SELECT cfg.name
        IS DISTINCT FROM (cfg.kind, cfg.catch_up, cfg.global_concurrency, cfg.rate_limit, cfg.rate_burst,
                          cfg.breaker_after, cfg.breaker_probe)
 
--- name: channel_lock
--- Serialises the claims of a channel with any limit in force across daemons (a rate limit, a
--- global concurrency, or a throttle limit: a receiver's throttling answers or the circuit
--- breaker's one probe at a time): sent before every claim_work, in its transaction and round
--- trip, so that claim_work's snapshot is taken after the lock and counts what the previous holder
--- claimed. A channel with no limit is not locked (no row matches: no lock, no WAL). The lock
--- says so in a transaction-local setting, which claim_work reads: a limit that came into force
--- between the two statements' snapshots gives that claim nothing, never an uncounted row.
-SELECT set_config('pgwork.channel_locked', c.name, true)
-  FROM pgwork.channel c
- WHERE c.name = %(channel)s
-   AND (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
-   FOR NO KEY UPDATE
+-- name: claim_lock
+-- What a claim takes first, in its own statement of the claim's transaction and round trip
+-- (claim_work follows, its snapshot taken after these locks, so it sees every change made
+-- before them and nobody can change what it locked until it commits):
+--  * the channel row, when a limit is in force (a rate limit, a global concurrency, or a
+--    throttle limit: a receiver's throttling answers or the circuit breaker's one probe at a
+--    time), which serialises the claims of such a channel across daemons so that each counts
+--    what the previous one claimed; a channel with no limit is not locked. The lock is named in
+--    a transaction-local setting that claim_work reads: a limit that came into force between
+--    the two statements gives that claim nothing, never an uncounted row.
+--  * up to a batch of the channel's lanes whose turn has come, oldest turn first, skipping
+--    lanes another claim holds (two daemons serve different sources at once): named in order
+--    in a transaction-local setting, for claim_work to serve and turn.
+SELECT set_config('pgwork.channel_locked',
+                  coalesce((SELECT c.name FROM pgwork.channel c
+                             WHERE c.name = %(channel)s
+                               AND (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL
+                                    OR c.throttle_limit IS NOT NULL)
+                               FOR NO KEY UPDATE), ''),
+                  true) AS channel_locked,
+       set_config('pgwork.lanes',
+                  coalesce((SELECT array_agg(l.source ORDER BY l.turn_at, l.source)
+                              FROM (SELECT l.source, l.turn_at FROM pgwork.lane l
+                                     WHERE l.channel = %(channel)s AND l.turn_at <= now()
+                                     ORDER BY l.turn_at, l.source
+                                     LIMIT %(limit)s
+                                       FOR UPDATE SKIP LOCKED) AS l)::text, '{}'),
+                  true) AS lanes
 
 -- name: channel_states
 -- Each channel's control state, what it holds now, and when its next retry is due.
@@ -159,12 +174,12 @@ DELETE FROM pgwork.daemon WHERE id = %(id)s
 -- The channel's row decides how many rows may be claimed (the gate): none while it is paused
 -- or throttled to a later instant; no more than its global concurrency or throttle limit minus
 -- the rows claimed under live leases; no more than the rate limit's tokens, which the claimed
--- rows then spend. (channel_lock runs first, in the same transaction: see there.)
+-- rows then spend. (claim_lock runs first, in the same transaction: see there.)
 -- Past expire_after, an occurrence is closed as expired instead of sent.
 WITH gate AS MATERIALIZED (
     SELECT c.name,
            CASE WHEN c.paused OR c.not_before > now() THEN 0
-                -- A limit to count, and this transaction does not hold the lock (channel_lock).
+                -- A limit to count, and this transaction does not hold the lock (claim_lock).
                 WHEN (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
                      AND current_setting('pgwork.channel_locked', true) IS DISTINCT FROM c.name THEN 0
                 ELSE greatest(0, least(
@@ -181,49 +196,69 @@ WITH gate AS MATERIALIZED (
            SELECT pgwork.tokens_now(c.rate_limit, c.rate_burst, c.tokens, c.tokens_at) AS tokens
            ) AS t
      WHERE c.name = %(channel)s
-), due_source AS MATERIALIZED (
-    -- The sources with a row claimable now: a probe of work_claimable per live source (a
-    -- LATERAL with LIMIT 1, which the planner cannot turn into a semi-join that reads every due
-    -- row, as it did for EXISTS on a table whose statistics said it was small).
-    SELECT l.source
-      FROM pgwork.live_sources(%(channel)s) AS l(source)
-     CROSS JOIN LATERAL (
-           SELECT FROM pgwork.renewal_work w
-            WHERE w.channel = %(channel)s AND w.source = l.source
-              AND w.status IN ('ready', 'claimed') AND w.available_at <= now()
-            ORDER BY w.available_at
-            LIMIT 1) AS due
+), lanes AS MATERIALIZED (
+    -- The lanes this claim serves, in turn order: those claim_lock took. When other claims
+    -- hold every lane whose turn has come (several daemons on one busy source), the same lanes
+    -- as this snapshot sees them, unlocked ("borrowed"): their rows are still taken with SKIP
+    -- LOCKED, and the lanes are left for their holders to turn.
+    SELECT o.source, o.n, true AS owned
+      FROM unnest(coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}')::text[])
+           WITH ORDINALITY AS o(source, n)
+    UNION ALL
+    SELECT b.source, b.n, false
+      FROM (SELECT l.source, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
+              FROM pgwork.lane l
+             WHERE l.channel = %(channel)s AND l.turn_at <= now()
+               AND coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}') = '{}'
+             ORDER BY l.turn_at, l.source
+             LIMIT %(limit)s) AS b
+), reclaim AS MATERIALIZED (
+    -- Rows whose lease expired (their worker died or lost its connection) come first: they
+    -- are the oldest. Read through work_held, where live leases are the index's later part.
+    SELECT w.id, w.source, w.available_at
+      FROM pgwork.renewal_work w
+     WHERE w.channel = %(channel)s AND w.status = 'claimed' AND w.available_at <= now()
+     ORDER BY w.available_at, w.id
+     LIMIT coalesce((SELECT budget FROM gate), %(limit)s)
+       FOR UPDATE SKIP LOCKED
 ), share AS MATERIALIZED (
-    -- Each due source's share of the batch: a flood from one source cannot hold back another's.
-    SELECT b.budget, ceil(b.budget::numeric / greatest(1, (SELECT count(*) FROM due_source)))::int AS each
-      FROM (SELECT coalesce((SELECT budget FROM gate), %(limit)s) AS budget) AS b
+    -- What is left of the budget, shared between the lanes served: a lane gets an equal share
+    -- (rounded up), and no more lanes are served than the budget has rows (a budget of one
+    -- serves the first lane in turn, and the next claim the next).
+    SELECT b.budget,
+           least(b.budget, (SELECT count(*) FROM lanes))::int AS served,
+           ceil(b.budget::numeric / greatest(1, least(b.budget, (SELECT count(*) FROM lanes))))::int AS each
+      FROM (SELECT greatest(0, coalesce((SELECT budget FROM gate), %(limit)s)
+                               - (SELECT count(*) FROM reclaim))::int AS budget) AS b
+), served AS MATERIALIZED (
+    SELECT l.source, l.n, l.owned FROM lanes l WHERE l.n <= (SELECT served FROM share)
 ), head AS MATERIALIZED (
-    SELECT h.id, h.source, h.available_at
-      FROM due_source s
+    SELECT h.id, h.source, h.available_at, s.n
+      FROM served s
      CROSS JOIN LATERAL (
            SELECT w.id, w.source, w.available_at
              FROM pgwork.renewal_work w
             WHERE w.channel = %(channel)s AND w.source = s.source
-              AND w.status IN ('ready', 'claimed') AND w.available_at <= now()
+              AND w.status = 'ready' AND w.available_at <= now()
             ORDER BY w.available_at, w.id
             LIMIT (SELECT each FROM share)
               FOR UPDATE SKIP LOCKED) AS h
 ), head_end AS (
-    -- Where each source's head ended, and whether it filled its share.
-    SELECT DISTINCT ON (source) source, available_at, id,
+    -- Where each lane's head ended, and whether it filled its share.
+    SELECT DISTINCT ON (source) source, n, available_at, id,
            count(*) OVER (PARTITION BY source) = (SELECT each FROM share) AS filled
       FROM head
      ORDER BY source, available_at DESC, id DESC
 ), tail AS MATERIALIZED (
-    -- What the sources with fewer due rows than their share left over goes to the others, oldest
-    -- first, past their heads.
-    SELECT t.id, t.source, t.available_at
+    -- What the lanes with fewer due rows than their share left over goes to the others, past
+    -- their heads.
+    SELECT t.id, t.source, t.available_at, e.n
       FROM head_end e
      CROSS JOIN LATERAL (
            SELECT w.id, w.source, w.available_at
              FROM pgwork.renewal_work w
             WHERE w.channel = %(channel)s AND w.source = e.source
-              AND w.status IN ('ready', 'claimed') AND w.available_at <= now()
+              AND w.status = 'ready' AND w.available_at <= now()
               AND (w.available_at, w.id) > (e.available_at, e.id)
             ORDER BY w.available_at, w.id
             -- Never negative: the heads may overshoot the budget (each share is rounded up).
@@ -231,13 +266,39 @@ WITH gate AS MATERIALIZED (
               FOR UPDATE SKIP LOCKED) AS t
      WHERE e.filled AND (SELECT budget FROM share) > (SELECT count(*) FROM head)
 ), candidate AS MATERIALIZED (
-    -- Round robin: every source's first row, then every source's second, ...
-    SELECT x.id
-      FROM (SELECT id, source, available_at FROM head
+    -- Expired leases first, then round robin: every lane's first row in turn order, then
+    -- every lane's second, ...
+    SELECT x.id, x.source
+      FROM (SELECT id, source, available_at, 0::bigint AS n, 0::bigint AS round FROM reclaim
             UNION ALL
-            SELECT id, source, available_at FROM tail) AS x
-     ORDER BY row_number() OVER (PARTITION BY x.source ORDER BY x.available_at, x.id), x.available_at, x.id
-     LIMIT (SELECT budget FROM share)
+            SELECT r.id, r.source, r.available_at, r.n,
+                   row_number() OVER (PARTITION BY r.source ORDER BY r.available_at, r.id) AS round
+              FROM (SELECT id, source, available_at, n FROM head
+                    UNION ALL
+                    SELECT id, source, available_at, n FROM tail) AS r) AS x
+     ORDER BY x.round, x.n, x.available_at, x.id
+     LIMIT coalesce((SELECT budget FROM gate), %(limit)s)
+), turn AS MATERIALIZED (
+    -- Each served lane this claim holds: when its next ready row (past what this claim takes)
+    -- is due. Read by this statement's snapshot, taken after claim_lock's lock: a row made
+    -- ready since then waits on that lock to wake its lane (pgwork.wake_lanes).
+    SELECT s.source,
+           pgwork.next_ready(%(channel)s, s.source,
+                             (SELECT array_agg(c.id) FROM candidate c WHERE c.source = s.source)) AS next_at
+      FROM served s
+     WHERE s.owned
+), turned AS (
+    -- A lane with a row still due goes to the back of the line (turn_at = now), one with a
+    -- later row waits for it ...
+    UPDATE pgwork.lane l
+       SET turn_at = greatest(t.next_at, now())
+      FROM turn t
+     WHERE t.next_at IS NOT NULL AND l.channel = %(channel)s AND l.source = t.source
+), emptied AS (
+    -- ... and one with no ready row left is removed.
+    DELETE FROM pgwork.lane l
+     USING turn t
+     WHERE t.next_at IS NULL AND l.channel = %(channel)s AND l.source = t.source
 ), judged AS (
     SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
            w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
@@ -307,12 +368,12 @@ SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, 
 -- the channel's gate: paused; seconds until a throttle's not_before passes (hold_s); seconds
 -- until the rate limit has tokens for a small batch (tokens_s); whether a global concurrency or
 -- throttle limit is reached (full).
-SELECT (SELECT extract(epoch FROM min(n.available_at) - now())::float8
-          FROM pgwork.live_sources(%(channel)s) AS l(source)
-         CROSS JOIN LATERAL (
-               SELECT w.available_at FROM pgwork.renewal_work w
-                WHERE w.channel = %(channel)s AND w.source = l.source AND w.status IN ('ready', 'claimed')
-                ORDER BY w.available_at LIMIT 1) AS n) AS wait_s,
+SELECT extract(epoch FROM least(
+           -- The first lane's turn (its ready rows are no earlier) ...
+           (SELECT min(l.turn_at) FROM pgwork.lane l WHERE l.channel = %(channel)s),
+           -- ... or the first lease to expire.
+           (SELECT min(w.available_at) FROM pgwork.renewal_work w
+             WHERE w.channel = %(channel)s AND w.status = 'claimed')) - now())::float8 AS wait_s,
        coalesce(c.paused, false) AS paused,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS hold_s,
        CASE WHEN c.rate_limit IS NOT NULL THEN greatest(0,

@@ -1,0 +1,90 @@
+-- pgwork schema 10 -> 11. Applied by `pgwork migrate` in one transaction under its advisory lock;
+-- the result equals a fresh install of schema.sql (tests/test_schema.py checks that).
+--
+-- What it changes (issue 25, fair claiming at any number of sources):
+--   * pgwork.lane: the sources with ready work in each channel, served in turn. A claim takes a
+--     batch's worth of lanes whose turn has come (the oldest turns first, skipping lanes another
+--     daemon's claim holds) instead of probing every source with live work: its cost and locks
+--     no longer grow with the number of sources, and a small budget (a rate limit, a throttle)
+--     serves the sources in turn instead of the oldest rows first.
+--   * A statement trigger on pgwork.renewal_work (pgwork.wake_lanes) brings a lane's turn forward
+--     whenever rows are made ready; the lanes are filled here from today's ready rows.
+--   * pgwork.live_sources(channel) is gone.
+-- A daemon of version 10 must be stopped before this runs (it calls live_sources): upgrade by
+-- stopping the daemons, `pgwork migrate`, starting the new version.
+
+DROP FUNCTION pgwork.live_sources(text);
+
+-- The sources with ready work in each channel, in the order they are to be served: a claim
+-- takes the lanes whose turn has come (turn_at <= now, oldest turn first, a batch's worth at
+-- most: its cost never grows with the number of sources), their oldest rows, and sends each
+-- served lane to the back (turn_at = now) or to its next row's time, or deletes it when it has no
+-- ready row left. Every statement that makes a row ready brings its lane's turn forward
+-- (pgwork.wake_lanes, a trigger): a lane is never later than its ready rows.
+-- Rows claimed under a lease are not in lanes: an expired lease is found through work_held.
+CREATE TABLE pgwork.lane (
+    channel text NOT NULL,
+    source  text NOT NULL,
+    turn_at timestamptz NOT NULL,
+    PRIMARY KEY (channel, source)
+);
+CREATE INDEX lane_turn ON pgwork.lane (channel, turn_at, source);
+COMMENT ON TABLE pgwork.lane IS
+    'A channel''s sources with ready work, served in turn (fair claiming): written by the daemon only.';
+COMMENT ON COLUMN pgwork.lane.turn_at IS
+    'When the source is next served: its oldest ready row''s time, or when it was last served while '
+    'more rows were due (the back of the line). Never later than its ready rows.';
+
+CREATE FUNCTION pgwork.next_ready(channel text, source text, taken bigint[]) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT w.available_at FROM pgwork.renewal_work w
+         WHERE w.channel = next_ready.channel AND w.source = next_ready.source AND w.status = 'ready'
+           AND NOT w.id = ANY (coalesce(taken, '{}'))
+         ORDER BY w.available_at, w.id
+         LIMIT 1);
+COMMENT ON FUNCTION pgwork.next_ready(text, text, bigint[]) IS
+    'When a lane''s next ready row is available, past the rows a claim takes (NULL: none left).';
+
+CREATE FUNCTION pgwork.wake_lanes() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival): their
+    -- lanes' turns come no later than the rows (or now, for a row ready earlier: it queues
+    -- behind the lanes already waiting). Lanes are locked in key order by every writer, so two
+    -- writers never wait for each other in a cycle; a claim never waits for a lane (SKIP
+    -- LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a claim turning
+    -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
+    INSERT INTO pgwork.lane AS l (channel, source, turn_at)
+    SELECT r.channel, r.source, min(r.available_at)
+      FROM woken r
+     WHERE r.status = 'ready'
+     GROUP BY r.channel, r.source
+     ORDER BY r.channel, r.source
+        ON CONFLICT (channel, source) DO UPDATE
+       SET turn_at = greatest(excluded.turn_at, now())
+     WHERE l.turn_at > greatest(excluded.turn_at, now());
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgwork.wake_lanes() IS
+    'Statement trigger on renewal_work: the lanes of rows made ready are due no later than the rows.';
+CREATE TRIGGER work_wakes_lanes_on_insert AFTER INSERT ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+CREATE TRIGGER work_wakes_lanes_on_update AFTER UPDATE ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+
+INSERT INTO pgwork.lane (channel, source, turn_at)
+SELECT w.channel, w.source, min(w.available_at)
+  FROM pgwork.renewal_work w
+ WHERE w.status = 'ready'
+ GROUP BY w.channel, w.source;
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_daemon') THEN
+        GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.lane TO pgwork_daemon;
+    END IF;
+END
+$$;
+
+UPDATE pgwork.schema_version SET version = 11, applied_at = now();
