@@ -87,10 +87,18 @@ COMMENT ON COLUMN pgwork.channel.catch_up IS
 -- and for some of one: due_at's range (an indexed expression reads it), recipient's length (the
 -- page returns it as text), remind_before's (the trigger's clearer refusals come first) and the
 -- payload's stored, compressed size.
+CREATE FUNCTION pgwork.is_trimmed(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+-- Unicode's White_Space characters, named: what \s matches depends on the database's locale
+-- (ASCII only under C).
+RETURN value !~ '^[\s\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]|[\s\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]$';
+COMMENT ON FUNCTION pgwork.is_trimmed(text) IS
+    'Whether a key has no Unicode space (White_Space: ASCII spaces, tab, line breaks, U+0085, no-break '
+    'spaces, U+1680, U+2000-U+200A, U+2028, U+2029, U+205F, U+3000) at either end.';
 CREATE DOMAIN pgwork.reminder_source AS text
-    CONSTRAINT reminder_source_valid CHECK (length(VALUE) BETWEEN 1 AND 100 AND VALUE !~ '^\s|\s$');
+    CONSTRAINT reminder_source_valid CHECK (length(VALUE) BETWEEN 1 AND 100 AND pgwork.is_trimmed(VALUE));
 CREATE DOMAIN pgwork.reminder_business_key AS text
-    CONSTRAINT reminder_business_key_valid CHECK (length(VALUE) BETWEEN 1 AND 500 AND VALUE !~ '^\s|\s$');
+    CONSTRAINT reminder_business_key_valid CHECK (length(VALUE) BETWEEN 1 AND 500 AND pgwork.is_trimmed(VALUE));
 CREATE DOMAIN pgwork.reminder_payload AS jsonb
     CONSTRAINT reminder_payload_is_object CHECK (jsonb_typeof(VALUE) = 'object');
 CREATE DOMAIN pgwork.reminder_traceparent AS text

@@ -106,6 +106,21 @@ async def test_upgrade_equals_a_fresh_install(
         assert upgraded[part] == fresh[part], part
 
 
+async def test_an_upgrade_names_keys_the_new_space_rule_refuses(empty_dsn: str) -> None:
+    """Schema 11 refuses Unicode spaces at either end of a key: an upgrade over a reminder that
+    has one stops, says how many and how to find them, and changes nothing."""
+    schema = (Path(__file__).parent / "data" / "schema_v10.sql").read_text()
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        await c.execute(schema)
+        await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
+        await add(c, "invoice-7\u00a0", "now() + interval '1 day'")
+        with pytest.raises(errors.RaiseException) as info:
+            await db.migrate(c)
+        assert "1 reminders have a source or business_key" in str(info.value)
+        assert "pgwork.is_trimmed" in (info.value.diag.message_hint or "")
+        assert (await rows(c, "SELECT version FROM pgwork.schema_version"))[0]["version"] == 10
+
+
 # -- the SQL API -----------------------------------------------------------------------------
 
 
@@ -323,6 +338,50 @@ async def test_bad_row_in_a_batch_refuses_the_statement_only(
             "VALUES ('s', 'a', '2027-01-01 09:00', 'UTC', 'log', 'r'), ('s', 'b', '2027-01-01 09:00', 'Nowhere/X', 'log', 'r')"
         )
     assert await rows(conn, "SELECT * FROM pgwork.reminder") == []
+
+
+#: Unicode's White_Space characters, whatever the database's locale calls a space (a C-locale
+#: database's \s is ASCII only).
+EDGE_SPACES = [
+    " ",
+    "\t",
+    "\n",
+    "\u0085",
+    "\u00a0",
+    "\u1680",
+    "\u2000",
+    "\u2007",
+    "\u200a",
+    "\u2028",
+    "\u2029",
+    "\u202f",
+    "\u205f",
+    "\u3000",
+]
+
+
+@pytest.mark.parametrize("space", EDGE_SPACES, ids=[f"U+{ord(c):04X}" for c in EDGE_SPACES])
+@pytest.mark.parametrize("column", ["source", "business_key"])
+async def test_a_key_with_a_space_at_either_end_is_refused(
+    conn: psycopg.AsyncConnection[Any], column: str, space: str
+) -> None:
+    """ "No leading or trailing space" means any Unicode space: a no-break space or a line
+    separator at either end of a key is as invisible to whoever reads it as an ASCII one. Inside
+    a key, any character is kept."""
+    values = {"source": "s", "business_key": "k"}
+    for key in (space + "x", "x" + space):
+        with pytest.raises(errors.CheckViolation) as info:
+            await conn.execute(
+                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                "VALUES (%(source)s, %(business_key)s, now(), 'log', 'r')",
+                {**values, column: key},
+            )
+        assert info.value.diag.constraint_name == f"reminder_{column}_valid", str(info.value)
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "VALUES (%(source)s, %(business_key)s, now(), 'log', 'r')",
+        {**values, column: "x" + space + "y"},
+    )
 
 
 BAD_UPDATES = [

@@ -10,10 +10,42 @@
 --   * A statement trigger on pgwork.renewal_work (pgwork.wake_lanes) brings a lane's turn forward
 --     whenever rows are made ready; the lanes are filled here from today's ready rows.
 --   * pgwork.live_sources(channel) is gone.
+--   * source and business_key refuse any Unicode space at either end (a no-break space, a line
+--     separator), not only what the database's locale calls a space. Reminders that have one
+--     stop the upgrade, which names them.
 -- A daemon of version 10 must be stopped before this runs (it calls live_sources): upgrade by
 -- stopping the daemons, `pgwork migrate`, starting the new version.
 
 DROP FUNCTION pgwork.live_sources(text);
+
+CREATE FUNCTION pgwork.is_trimmed(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+-- Unicode's White_Space characters, named: what \s matches depends on the database's locale
+-- (ASCII only under C).
+RETURN value !~ '^[\s\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]|[\s\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]$';
+COMMENT ON FUNCTION pgwork.is_trimmed(text) IS
+    'Whether a key has no Unicode space (White_Space: ASCII spaces, tab, line breaks, U+0085, no-break '
+    'spaces, U+1680, U+2000-U+200A, U+2028, U+2029, U+205F, U+3000) at either end.';
+
+-- Keys: "no space at either end" now means any Unicode space, whatever the locale.
+DO $$
+DECLARE
+    bad bigint;
+BEGIN
+    SELECT count(*) INTO bad FROM pgwork.reminder r
+     WHERE NOT pgwork.is_trimmed(r.source) OR NOT pgwork.is_trimmed(r.business_key);
+    IF bad > 0 THEN
+        RAISE EXCEPTION 'pgwork: % reminders have a source or business_key starting or ending with a Unicode space', bad
+            USING HINT = 'Find them with: SELECT id, source, business_key FROM pgwork.reminder WHERE NOT pgwork.is_trimmed(source) OR NOT pgwork.is_trimmed(business_key); delete and insert them with trimmed keys, then migrate again.';
+    END IF;
+END
+$$;
+ALTER DOMAIN pgwork.reminder_source DROP CONSTRAINT reminder_source_valid;
+ALTER DOMAIN pgwork.reminder_source
+    ADD CONSTRAINT reminder_source_valid CHECK (length(VALUE) BETWEEN 1 AND 100 AND pgwork.is_trimmed(VALUE));
+ALTER DOMAIN pgwork.reminder_business_key DROP CONSTRAINT reminder_business_key_valid;
+ALTER DOMAIN pgwork.reminder_business_key
+    ADD CONSTRAINT reminder_business_key_valid CHECK (length(VALUE) BETWEEN 1 AND 500 AND pgwork.is_trimmed(VALUE));
 
 -- The sources with ready work in each channel, in the order they are to be served: a claim
 -- takes the lanes whose turn has come (turn_at <= now, oldest turn first, a batch's worth at
