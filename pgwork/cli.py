@@ -219,6 +219,18 @@ BACKLOG_COUNT_LIMIT = 100_000
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
         await db.check_schema(conn)
+        # First, and from the catalogs only: who locks pgwork's tables (the reads below would wait
+        # behind them, up to the session's lock_timeout).
+        holders = [asdict(h) for h in await store.lock_holders(conn)]
+        try:
+            return {"lock_holders": holders, **await read(conn)}
+        except psycopg.errors.LockNotAvailable:
+            return {
+                "lock_holders": holders or [asdict(h) for h in await store.lock_holders(conn)],
+                "incomplete": True,
+            }
+
+    async def read(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
         now = await store.db_now(conn)
         # Shown as they are: rows become plain mappings for the table and JSON printers.
         return {
@@ -238,6 +250,14 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         st = _with_conn(database.dsn, go, database.pooled)
     finally:
         database.close()
+    holders = st["lock_holders"]
+    if st.get("incomplete"):
+        if args.json:
+            print(_json(st))
+        else:
+            print(_lock_holders(holders))
+            print("status is incomplete: its reads waited for a lock past the lock timeout")
+        return 4
     dead = sum(r["n"] for r in st["work"] if r["status"] == "dead")
     lag = st["lag"]["lag_seconds"]
     if args.json:
@@ -303,10 +323,36 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             )
         else:
             print("no daemon has registered")
+        if holders:
+            print("\n" + _lock_holders(holders))
+    if holders:
+        return 4
     if args.max_lag is not None and lag > args.max_lag:
         print(f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s", file=sys.stderr)
         return 1
     return 0
+
+
+def _lock_holders(holders: list[dict[str, Any]]) -> str:
+    """Who stops the daemon's statements, one line each."""
+    lines = ["LOCKED: these sessions hold locks that stop claims, outcomes or the materialiser:"]
+    for h in holders:
+        who = ", ".join(
+            x
+            for x in (
+                h["application_name"] and f"application {h['application_name']!r}",
+                h["role"] and f"role {h['role']}",
+                h["held_s"] is not None and f"in its transaction for {h['held_s']:.1f}s",
+                h["state"],
+            )
+            if x
+        )
+        lines.append(
+            f"  pid {h['pid']} ({who or 'details hidden: needs pg_read_all_stats'}): "
+            f"{h['mode']} on {h['relation']}"
+        )
+    lines.append("  (end it with SELECT pg_terminate_backend(pid), or ask its owner to commit)")
+    return "\n".join(lines)
 
 
 def cmd_web(args: argparse.Namespace, cfg: Config) -> int:

@@ -747,6 +747,24 @@ async def xmin_horizon(conn: Conn) -> XminHorizon:
     return await _one(conn, "xmin_horizon", XminHorizon)
 
 
+@dataclass(frozen=True)
+class LockHolder:
+    """A session holding a lock on a pgwork table that stops the daemon's work."""
+
+    relation: str
+    mode: str
+    pid: int
+    role: str | None
+    application_name: str | None
+    state: str | None
+    #: Seconds its transaction (or, outside one, its session) has been open.
+    held_s: float | None
+
+
+async def lock_holders(conn: Conn) -> list[LockHolder]:
+    return await _rows(conn, "lock_holders", LockHolder)
+
+
 # -- retention -------------------------------------------------------------------------------
 
 

@@ -227,3 +227,36 @@ def test_config_and_usage_mistakes_are_one_line_and_exit_2(
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert message.format(p=p, t=tmp_path) in r.stderr
+
+
+async def test_status_names_a_session_that_locks_pgwork_out(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """An app holding LOCK TABLE pgwork.reminder stops claims and the materialiser (a claim reads
+    the reminder: its recipient, its payload, whether it was cancelled). `pgwork status` must not
+    wait behind it too: it answers within its lock timeout, naming the session (pid, application,
+    for how long), and says what it could not read."""
+    await add(conn, "k")
+    async with await psycopg.AsyncConnection.connect(
+        psycopg.conninfo.make_conninfo(dsn, application_name="billing-migration")
+    ) as app:
+        await app.execute("LOCK TABLE pgwork.reminder IN ACCESS EXCLUSIVE MODE")
+        pid = app.info.backend_pid
+        text = pgwork("status", dsn=dsn)
+        js = pgwork("status", "--json", dsn=dsn)
+        await app.rollback()
+    assert text.returncode == 4, text.stderr
+    assert f"pid {pid}" in text.stdout and "billing-migration" in text.stdout, text.stdout
+    assert "AccessExclusiveLock on pgwork.reminder" in text.stdout, text.stdout
+    assert js.returncode == 4, js.stderr
+    (holder,) = json.loads(js.stdout)["lock_holders"]
+    assert (holder["pid"], holder["application_name"], holder["relation"]) == (
+        pid,
+        "billing-migration",
+        "pgwork.reminder",
+    )
+    assert holder["held_s"] >= 0
+    # Released: status reads everything again, and names no one.
+    again = pgwork("status", "--json", dsn=dsn)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["lock_holders"] == []

@@ -783,6 +783,24 @@ SELECT greatest(
          (SELECT max(age(catalog_xmin)) FROM pg_replication_slots WHERE catalog_xmin IS NOT NULL),
          0)::bigint AS age_xids
 
+-- name: lock_holders
+-- Sessions holding a lock on a pgwork table that stops the daemon's statements: a lock that
+-- conflicts with a write (Share and stronger: an app's LOCK TABLE, a non-concurrent CREATE INDEX,
+-- most DDL) or, at AccessExclusive, with a read. Read from pg_locks and pg_stat_activity only, so
+-- this answers while those tables are locked. Another role's session shows its pid and lock,
+-- and its application, role and times only to pg_read_all_stats (pgwork_daemon has it).
+SELECT l.relation::regclass::text AS relation, l.mode, l.pid,
+       a.usename::text AS role, a.application_name, a.state,
+       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::float8 AS held_s
+  FROM pg_locks l
+  LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'relation' AND l.granted
+   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+   AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+   AND l.relation IN (SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'pgwork'::regnamespace)
+   AND l.pid <> pg_backend_pid()
+ ORDER BY held_s DESC NULLS LAST, l.pid, relation
+
 -- name: batch_limits
 -- A retention batch's own limits, local to its transaction (no session state: this works
 -- through a transaction-pooling PgBouncer too).
