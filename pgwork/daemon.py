@@ -21,7 +21,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, db, logs
+from . import __version__, db, logs, store
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config
@@ -48,7 +48,7 @@ class Daemon:
     cfg: Config
     dsn: str
     metrics: Metrics = field(default_factory=Metrics)
-    identity: tuple[str, str, int] = field(init=False)
+    identity: store.Identity = field(init=False)
     #: Set once every duty has started (tests and systemd readiness wait on it).
     ready: anyio.Event = field(default_factory=anyio.Event)
     #: Set when run() has returned.
@@ -72,11 +72,13 @@ class Daemon:
         self.secrets = Secrets.from_config(self.cfg, self.dsn)
         logs.add_secrets(self.secrets)
         host, pid = socket.gethostname(), os.getpid()
-        self.identity = (self.cfg.daemon_id or f"{host}:{pid}:{secrets.token_hex(3)}", host, pid)
+        self.identity = store.Identity(
+            self.cfg.daemon_id or f"{host}:{pid}:{secrets.token_hex(3)}", host, pid
+        )
 
     @property
     def daemon_id(self) -> str:
-        return self.identity[0]
+        return self.identity.daemon_id
 
     @property
     def pooled(self) -> bool:

@@ -426,6 +426,22 @@ class Occurrence:
     channel: str
 
 
+class ClaimKey(NamedTuple):
+    """What a claim is known by: the row and the lease that claimed it (the fencing token).
+    Every change after the claim (outcome, heartbeat, release) names both."""
+
+    work_id: int
+    lease: int
+
+
+class Identity(NamedTuple):
+    """This daemon, as the ledger and the daemon table name it."""
+
+    daemon_id: str
+    host: str
+    pid: int
+
+
 class Claimed(NamedTuple):
     """A row the claim statement touched: claimed for delivery (``status == 'claimed'``), or
     closed instead of sent (cancelled, superseded, dead).

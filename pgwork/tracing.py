@@ -17,6 +17,7 @@ from typing import Any
 
 from . import __version__
 from .config import ConfigError
+from .store import ClaimKey
 
 #: Nanoseconds between time.monotonic() and the wall clock, fixed at import (span times are
 #: wall-clock nanoseconds; the worker measures with the monotonic clock).
@@ -73,9 +74,9 @@ class Tracer:
         self._tracer = (provider or trace.get_tracer_provider()).get_tracer("pgwork", __version__)
         self._propagator = TraceContextTextMapPropagator()
         #: (work id, lease) -> the job span, from claim to durable outcome.
-        self._jobs: dict[tuple[int, int], Any] = {}
+        self._jobs: dict[ClaimKey, Any] = {}
         #: (work id, lease) -> the outcome span, from hand-off to commit.
-        self._outcomes: dict[tuple[int, int], Any] = {}
+        self._outcomes: dict[ClaimKey, Any] = {}
 
     def claimed(self, rows: Iterable[Any], channel: str, started: float, ended: float) -> None:
         """Rows one claim statement took (``started``/``ended``: monotonic seconds)."""
@@ -102,7 +103,7 @@ class Tracer:
                     "pgwork.due_at": row.due_at.isoformat(),
                 },
             )
-            self._jobs[(row.id, row.lease)] = job
+            self._jobs[ClaimKey(row.id, row.lease)] = job
             self._tracer.start_span(
                 "pgwork.claim",
                 context=trace.set_span_in_context(job),
@@ -111,7 +112,7 @@ class Tracer:
             ).end(end_time=_ns(ended))
 
     def deliver_start(
-        self, key: tuple[int, int], channel: str, kind: str
+        self, key: ClaimKey, channel: str, kind: str
     ) -> tuple[Any, str | None, str | None]:
         """The deliver span, and the traceparent/tracestate a request should carry (its own)."""
         trace = self._trace
@@ -128,7 +129,7 @@ class Tracer:
 
     def deliver_end(
         self,
-        key: tuple[int, int],
+        key: ClaimKey,
         span: Any,
         outcome: str,
         http_status: int | None,
@@ -146,7 +147,7 @@ class Tracer:
             context=self._trace.set_span_in_context(job) if job is not None else None,
         )
 
-    def settled(self, key: tuple[int, int], outcome: str, accepted: bool) -> None:
+    def settled(self, key: ClaimKey, outcome: str, accepted: bool) -> None:
         """The outcome is durable (``accepted``: not fenced): both spans end."""
         span = self._outcomes.pop(key, None)
         if span is not None:
@@ -157,7 +158,7 @@ class Tracer:
             job.set_attribute("pgwork.outcome", outcome if accepted else "fenced")
             job.end()
 
-    def released(self, keys: Iterable[tuple[int, int]]) -> None:
+    def released(self, keys: Iterable[ClaimKey]) -> None:
         """Rows given back unstarted (a stop, a pause, a throttle): their job spans end."""
         for key in keys:
             job = self._jobs.pop(key, None)

@@ -18,6 +18,7 @@ from pgwork.config import RetentionPolicy
 from pgwork.duties.outcomes import OutcomeWriter, Record
 from pgwork.duties.retention import Retention
 from pgwork.metrics import Metrics
+from pgwork.store import ClaimKey, Identity
 
 from .helpers import (
     add,
@@ -167,14 +168,14 @@ async def _writer_run(dsn: str, records: list[Record]) -> set[tuple[int, int]]:
     fenced: set[tuple[int, int]] = set()
     written: list[Record] = []
 
-    def on_written(rs: list[Record], f: set[tuple[int, int]]) -> None:
+    def on_written(rs: list[Record], f: set[ClaimKey]) -> None:
         written.extend(rs)
         fenced.update(f)
 
     pool = db.make_pool(dsn, 2, 5.0)
     await pool.open(wait=True)
     try:
-        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1))
+        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
         writer.subscribe("test", on_written)
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
@@ -255,7 +256,7 @@ async def test_a_batch_the_database_refuses_is_split_so_one_record_cannot_hold_t
     pool = db.make_pool(dsn, 2, 5.0)
     await pool.open(wait=True)
     try:
-        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1))
+        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
         # Written directly, past the cleaning that submit() does: a NUL in a jsonb receipt.
         bad = _rec(claimed[2], "delivered", receipt={"x": "\x00"})
         good = [_rec(r, "delivered", receipt={"ok": True}) for r in claimed if r is not claimed[2]]

@@ -14,6 +14,7 @@ from pgwork import db
 from pgwork.channels import Delivery, Failed, Retry
 from pgwork.config import ConfigError
 from pgwork.daemon import Daemon
+from pgwork.store import ClaimKey, Identity
 
 from . import sink
 from .helpers import (
@@ -435,7 +436,7 @@ async def test_drain_waits_for_a_flush_under_way(
     pool = db.make_pool(dsn, 2, 5.0)
     await pool.open(wait=True)
     try:
-        writer = OutcomeWriter(pool, Metrics(), ("d", "h", 1))
+        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
         async with (
             await psycopg.AsyncConnection.connect(dsn) as locker,
             anyio.create_task_group() as tg,
@@ -626,7 +627,7 @@ async def test_rows_waiting_for_their_outcome_leave_the_prefetch_to_claims(
     gate = anyio.Event()
     write = OutcomeWriter._statement
 
-    async def held_writer(self: OutcomeWriter, rs: list[Any]) -> set[tuple[int, int]]:
+    async def held_writer(self: OutcomeWriter, rs: list[Any]) -> set[ClaimKey]:
         await gate.wait()  # the database is slow to take outcomes
         return await write(self, rs)
 

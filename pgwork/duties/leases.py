@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .. import __version__, store
 from ..clock import Clock
+from ..store import ClaimKey, Identity
 from ..supervise import Next, Supervisor
 
 log = logging.getLogger("pgwork.leases")
@@ -37,18 +38,18 @@ class Leases:
     was still running, and this daemon claimed the row again): they are two claims."""
 
     def __init__(self) -> None:
-        self.held: dict[tuple[int, int], Held] = {}
+        self.held: dict[ClaimKey, Held] = {}
 
     def add(self, h: Held) -> None:
-        self.held[(h.work_id, h.lease)] = h
+        self.held[ClaimKey(h.work_id, h.lease)] = h
 
-    def drop(self, key: tuple[int, int]) -> None:
+    def drop(self, key: ClaimKey) -> None:
         self.held.pop(key, None)
 
 
 async def heartbeat_step(
     pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, lease: float
-) -> set[tuple[int, int]]:
+) -> set[ClaimKey]:
     """Extend the lease of every claim still held; returns the (work id, lease) no longer ours."""
     held = list(leases.held.values())
     if not held:
@@ -60,8 +61,8 @@ async def heartbeat_step(
             lease_no=[h.lease for h in held],
             lease=timedelta(seconds=lease),
         )
-    kept = {(r.id, r.lease) for r in rows}
-    lost = {(h.work_id, h.lease) for h in held} - kept
+    kept = {ClaimKey(r.id, r.lease) for r in rows}
+    lost = {ClaimKey(h.work_id, h.lease) for h in held} - kept
     # A claim whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
     return {k for k in lost if k in leases.held}
 
@@ -69,7 +70,7 @@ async def heartbeat_step(
 async def release_all(
     pool: AsyncConnectionPool[AsyncConnection[Any]],
     leases: Leases,
-    identity: tuple[str, str, int],
+    identity: Identity,
     only: list[Held] | None = None,
 ) -> int:
     """Give back every row still held (or ``only`` these), without counting the attempt.
@@ -88,7 +89,7 @@ async def release_all(
             pid=pid,
         )
     for h in held:
-        leases.drop((h.work_id, h.lease))
+        leases.drop(ClaimKey(h.work_id, h.lease))
     return len(rows)
 
 
@@ -103,7 +104,7 @@ class Heartbeat:
     sup: Supervisor
     _: KW_ONLY
     lease: float
-    identity: tuple[str, str, int]
+    identity: Identity
     clock: Clock
     #: Whether the LISTEN connection is up; None: no listener by configuration.
     listener_up: Callable[[], bool | None]
@@ -112,7 +113,7 @@ class Heartbeat:
 
     @property
     def daemon_id(self) -> str:
-        return self.identity[0]
+        return self.identity.daemon_id
 
     @property
     def every(self) -> float:

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import store
 from ..metrics import Metrics
 from ..secrets import Secrets
+from ..store import ClaimKey, Identity
 from ..supervise import Backoff, Health
 
 log = logging.getLogger("pgwork.outcomes")
@@ -126,9 +127,9 @@ class Record:
     duration: float = 0.0
 
     @property
-    def key(self) -> tuple[int, int]:
+    def key(self) -> ClaimKey:
         """What a claim is known by: the row and the lease that claimed it."""
-        return (self.work_id, self.lease)
+        return ClaimKey(self.work_id, self.lease)
 
     def cleaned(self, secrets: Secrets | None = None) -> Record:
         """This record as Postgres can store it (see the ``clean_*`` functions), with every
@@ -220,7 +221,7 @@ def _json_name(name: str) -> str:
 class _Batch:
     records: list[Record] = field(default_factory=list)
     #: (work id, lease) of the records refused because the lease had passed on.
-    fenced: set[tuple[int, int]] = field(default_factory=set)
+    fenced: set[ClaimKey] = field(default_factory=set)
 
 
 class OutcomeWriter:
@@ -233,7 +234,7 @@ class OutcomeWriter:
         self,
         pool: AsyncConnectionPool[AsyncConnection[Any]],
         metrics: Metrics,
-        identity: tuple[str, str, int],
+        identity: Identity,
         health: Health | None = None,
         secrets: Secrets | None = None,
     ) -> None:
@@ -243,7 +244,7 @@ class OutcomeWriter:
         self.daemon_id, self.host, self.pid = identity
         self.health = health or Health()
         #: Per channel, who settles its records once they are durable (the channel's worker).
-        self._settlers: dict[str, Callable[[list[Record], set[tuple[int, int]]], None]] = {}
+        self._settlers: dict[str, Callable[[list[Record], set[ClaimKey]], None]] = {}
         self._current = _Batch()
         self._waiting: list[_Batch] = []
         self._wake = anyio.Event()
@@ -252,7 +253,7 @@ class OutcomeWriter:
         self._writing = 0
 
     def subscribe(
-        self, channel: str, settle: Callable[[list[Record], set[tuple[int, int]]], None]
+        self, channel: str, settle: Callable[[list[Record], set[ClaimKey]], None]
     ) -> None:
         """``settle(records, fenced)`` is called with the channel's records once they are
         durable; ``fenced`` holds the (work id, lease) of those refused as late."""
@@ -369,7 +370,7 @@ class OutcomeWriter:
             if settle is not None:
                 settle(records, fenced)
 
-    async def _write_split(self, rs: list[Record]) -> set[tuple[int, int]]:
+    async def _write_split(self, rs: list[Record]) -> set[ClaimKey]:
         try:
             return await self._statement(rs)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
@@ -392,7 +393,7 @@ class OutcomeWriter:
             rs[0] = r.bare(type(e).__name__)
             return await self._write_split(rs)
 
-    async def _statement(self, rs: list[Record]) -> set[tuple[int, int]]:
+    async def _statement(self, rs: list[Record]) -> set[ClaimKey]:
         now = time.monotonic()
         outcomes = f"[{','.join([r.json_text(now) for r in rs])}]"
         async with self.pool.connection() as conn:
@@ -400,4 +401,4 @@ class OutcomeWriter:
                 conn, outcomes=outcomes, daemon_id=self.daemon_id, host=self.host, pid=self.pid
             )
         # Records already applied by a first run of this write (its reply was lost) are not fenced.
-        return {(r.fenced_id, r.lease) for r in rows if not r.already}
+        return {ClaimKey(r.fenced_id, r.lease) for r in rows if not r.already}

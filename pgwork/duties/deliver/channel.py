@@ -1,9 +1,11 @@
-"""Claim/deliver duty: per channel, claim due rows with SKIP LOCKED in short transactions,
-deliver outside any transaction, and hand the outcome to the outcome writer. ``Deliveries`` runs
-every channel and owns the delivery side of the two-stage stop."""
+"""One channel's claim loop and delivery workers: claim due rows with SKIP LOCKED in short
+transactions, deliver outside any transaction, hand each outcome to the outcome writer, and
+settle the row once its outcome is durable. The arithmetic lives in ``Capacity`` and ``Gate``;
+this module holds the tasks around them."""
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import time
@@ -17,19 +19,31 @@ from anyio.abc import TaskGroup, TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from .. import store
-from ..channels import Channel, Delivered, Delivery, Retry
-from ..channels.policy import decide
-from ..channels.types import Outcome
-from ..clock import Clock
-from ..config import Config
-from ..supervise import Next, Supervisor
-from ..tracing import Tracer
-from ..waker import Waker, WakerGroup
-from .leases import Held, Leases, release_all
-from .outcomes import OutcomeWriter, Record, clean_delay, clean_text
+from ... import store
+from ...channels import Channel, Delivered, Delivery, Retry
+from ...channels.policy import decide
+from ...channels.types import Outcome
+from ...clock import Clock
+from ...config import Config
+from ...supervise import Next, Supervisor
+from ...tracing import Tracer
+from ...waker import Waker, WakerGroup
+from ..leases import Held, Leases, release_all
+from ..outcomes import OutcomeWriter, Record, clean_delay, clean_text
+from .capacity import Capacity
+from .gate import Gate
 
 log = logging.getLogger("pgwork.worker")
+
+
+class Lifecycle(enum.Enum):
+    #: Claims run, workers deliver.
+    CLAIMING = "claiming"
+    #: No claim starts (one under way finishes; its rows are held); workers deliver the queue.
+    DRAINING = "draining"
+    #: Queued rows are not started (held, and released without counting an attempt); idle
+    #: workers end.
+    CLOSED = "closed"
 
 
 class _Started(NamedTuple):
@@ -64,10 +78,9 @@ class ChannelWorker:
     #: A held worker looks again this often, seconds.
     HOLD_SLICE = 0.5
     #: Beyond one row per worker, a channel holds only the rows its workers start within this
-    #: long at their measured pace: a burst is not taken by the first daemon to wake while
-    #: others sit idle (a fast channel still holds two whole batches), seconds.
+    #: long at their measured pace (see Capacity), seconds.
     PREFETCH_S = 0.25
-    #: Batches of delivered rows whose outcomes may wait to be written (see max_writing).
+    #: Batches of delivered rows whose outcomes may wait to be written (see Capacity).
     WRITING_BATCHES = 2
 
     def __init__(
@@ -79,7 +92,7 @@ class ChannelWorker:
         sup: Supervisor,
         cfg: Config,
         *,
-        identity: tuple[str, str, int],
+        identity: store.Identity,
         clock: Clock | None = None,
         woken_by: WakerGroup | None = None,
         tracer: Tracer | None = None,
@@ -99,7 +112,7 @@ class ChannelWorker:
         self.leases = leases
         self.metrics = metrics
         self.identity = identity
-        self.daemon_id = identity[0]
+        self.daemon_id = identity.daemon_id
         self.lease = timedelta(seconds=cfg.lease)
         c = channel.config
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
@@ -112,44 +125,36 @@ class ChannelWorker:
         if woken_by is not None:
             woken_by.add(self.waker)  # rows made (materialiser), NOTIFY (listener)
         writer.subscribe(self.name, self.settle)
-        #: Most rows held not yet delivered (queued, or in a delivery): one per worker plus what
-        #: the workers start within PREFETCH_S, at most two batches. Until a delivery has been
-        #: timed: one more per worker.
-        self.max_held = 2 * self.concurrency
-        #: Most rows held delivered, waiting for their outcome to be written, beyond max_held:
-        #: no other daemon could take them, so they leave the prefetch room to the claims (one
-        #: batch's outcomes are written while the next batch is delivered), but a writer that
-        #: falls behind stops the claims.
-        self.max_writing = self.WRITING_BATCHES * self.claim_batch
-        #: Seconds a delivery takes, a moving average (None: none timed yet).
-        self._delivery_s: float | None = None
-        #: Rows claimed and not yet settled: queued, being delivered, or waiting for their outcome
-        #: to be written.
-        self.held = 0
-        #: Rows delivered whose outcome is not durable yet (part of ``held``).
-        self.writing = 0
-        #: The claim loop sleeps until a slot frees (see _woken_for_room).
-        self._slot_wait = False
-        #: Deliveries inside the channel right now.
-        self.active = 0
+        # The state below, and the task that writes each (the claim loop, the workers, the
+        # reaper, the materialiser's page, the outcome writer's settle, the listener, the stop):
+        #: Rows held and the room for more: the claim loop and the page (taken, reserve), the
+        #: workers (delivered), the outcome writer (settled), the claim loop and the stop
+        #: (given_back).
+        self.capacity = Capacity(
+            self.concurrency,
+            self.claim_batch,
+            prefetch_s=self.PREFETCH_S,
+            writing_batches=self.WRITING_BATCHES,
+        )
+        #: The channel's gate: the claim loop (read), the outcome writer (hold), the listener
+        #: and a failed give-back (changed), a worker lifting a passed hold.
+        self.gate = Gate()
+        #: Claiming, draining or closed: the stop (stop_claiming, stop_taking).
+        self.lifecycle = Lifecycle.CLAIMING
+        #: Rows claimed and queued, not started: appended by the claim loop and the page, popped
+        #: by the workers, emptied by a give-back and the stop.
         self._queue: deque[store.Claimed] = deque()
+        #: Idle workers' events: appended by a worker, set by whoever queues rows or stops.
         self._idle: list[anyio.Event] = []
-        self._closed = False
-        self._stopping = False
-        #: Consecutive claims that got nothing while a row was due (see claim_step).
-        self._due_unclaimed = 0
-        #: Claim statements under way (this loop's, or the materialiser's for this channel): a
-        #: stop waits for them, then gives back their rows.
+        #: Deliveries inside the channel right now: the workers.
+        self.active = 0
+        #: Claim statements under way (this loop's, or a page's for this channel): the claim
+        #: loop and the page; a stop waits for them, then gives back their rows.
         self.claiming = 0
-        #: Room promised to the materialiser's page under way (see page_claim).
-        self._reserved = 0
-        #: Attempts under way and when each must end (see _reap).
+        #: Consecutive claims that got nothing while a row was due: the claim loop.
+        self._due_unclaimed = 0
+        #: Attempts under way and when each must end: the workers add, the reaper reads.
         self._attempts: dict[anyio.CancelScope, float] = {}
-        #: The channel's gate as last seen (see _apply_gate): paused; no delivery starts before
-        #: this monotonic instant (a throttle); the gate must be read again (a NOTIFY).
-        self.paused = False
-        self._hold_until = 0.0
-        self._gate_stale = True
         # Labelled metric children, looked up once.
         self._m_attempts = {
             o: metrics.attempts.labels(self.name, o)
@@ -158,7 +163,7 @@ class ChannelWorker:
         self._m_duration = metrics.delivery_duration.labels(self.name)
         self._m_lateness = metrics.lateness.labels(self.name)
         # Read when scraped: a set() per delivery cost more than the delivery of a no-op.
-        metrics.rows_held.labels(self.name).set_function(lambda: self.held)
+        metrics.rows_held.labels(self.name).set_function(lambda: self.capacity.held)
         metrics.deliveries_active.labels(self.name).set_function(lambda: self.active)
         self._m_claimed = metrics.claimed.labels(self.name)
         self._m_duplicates = metrics.duplicates.labels(self.name)
@@ -186,26 +191,29 @@ class ChannelWorker:
             f"claim:{self.name}", self.claim_step, self.waker, task_status=task_status
         )
 
+    @property
+    def held(self) -> int:
+        """Rows claimed by this channel and not yet settled."""
+        return self.capacity.held
+
     def stop_claiming(self) -> None:
         """Claim nothing more (a claim under way finishes; its rows are held, not started)."""
-        self._stopping = True
+        if self.lifecycle is Lifecycle.CLAIMING:
+            self.lifecycle = Lifecycle.DRAINING
         self.waker.wake("stop")
 
     def stop_taking(self) -> None:
         """On shutdown: queued rows are not started (they stay held and are released without
-        counting an attempt); idle workers end."""
-        self._closed = True
+        counting an attempt); idle workers end; nothing is claimed."""
+        self.lifecycle = Lifecycle.CLOSED
         left = len(self._queue)
         if self.tracer is not None:
-            self.tracer.released((r.id, r.lease) for r in self._queue)
+            self.tracer.released(store.ClaimKey(r.id, r.lease) for r in self._queue)
         self._queue.clear()
-        self.held -= left
+        self.capacity.given_back(left)
         for ev in self._idle:
             ev.set()
         self._idle.clear()
-
-    def close(self) -> None:
-        self.stop_taking()
 
     def _request(self, limit: int) -> store.ClaimRequest:
         return store.ClaimRequest(
@@ -221,33 +229,9 @@ class ChannelWorker:
         async with self.pool.connection() as conn:
             return await store.claim_work(conn, self._request(limit))
 
-    def _free(self) -> int:
-        """Rows a claim could take now: room among the undelivered rows (max_held), and among
-        all held rows (max_held plus max_writing)."""
-        undelivered = self.held - self.writing
-        return (
-            min(self.max_held - undelivered, self.max_held + self.max_writing - self.held)
-            - self._reserved
-        )
-
-    def _room(self) -> int:
-        """How many rows a claim may take now (at most one batch); 0: too few to be worth a
-        claim (a delivery ending or rows settling wakes the loop)."""
-        if self._delivery_s is not None:
-            ahead = self.concurrency * self.PREFETCH_S / max(self._delivery_s, 1e-6)
-            self.max_held = self.concurrency + max(1, min(math.ceil(ahead), 2 * self.claim_batch))
-        free = self._free()
-        if free < self._worth_a_claim():
-            return 0
-        return min(free, self.claim_batch)
-
-    def _worth_a_claim(self) -> int:
-        return max(1, min(self.claim_batch, self.max_held) // 2)
-
-    def _woken_for_room(self) -> None:
-        """Wake the claim loop sleeping for a slot once a claim is worth it again."""
-        if self._slot_wait and self._free() >= self._worth_a_claim():
-            self._slot_wait = False
+    def _wake_for_room(self, woken: bool) -> None:
+        """A capacity transition freed room worth a claim while the claim loop slept for it."""
+        if woken:
             self.waker.wake("slot")
 
     def page_claim(self) -> store.ClaimRequest | None:
@@ -258,19 +242,16 @@ class ChannelWorker:
         way, or it has no room. The room it asks for is reserved until ``page_claimed``."""
         if (
             self.lock_channel
-            or self._stopping
-            or self._closed
-            or self.paused
-            or self._gate_stale
+            or self.lifecycle is not Lifecycle.CLAIMING
             or self.claiming
-            or self._hold_until > time.monotonic()
+            or not self.gate.allows_page_claim(time.monotonic())
         ):
             return None
-        limit = self._room()
+        limit = self.capacity.room()
         if not limit:
             return None
         self.claiming += 1
-        self._reserved += limit
+        self.capacity.reserve(limit)
         return self._request(limit)
 
     def page_claimed(
@@ -279,19 +260,18 @@ class ChannelWorker:
         """The materialiser's page committed with ``rows`` claimed for this channel (None: it
         failed, nothing was claimed)."""
         self.claiming -= 1
-        self._reserved -= request.limit
         if rows is not None:
-            self._take(rows, t_claim)
-            if rows and (self.paused or self._hold_until > time.monotonic()):
-                # The pause (or hold) landed while the page ran: give these back too.
+            self._queue_claimed(rows, t_claim)
+            if rows and not self.gate.allows_page_claim(time.monotonic()):
+                # A pause (or hold) landed while the page ran: give these back too.
                 self.gate_changed()
         # The room reserved was perhaps what left none for the claim loop, and no row of its own
         # may ever settle to wake it (the page's rows went to another daemon).
-        self._woken_for_room()
+        self._wake_for_room(self.capacity.unreserve(request.limit))
 
     def gate_changed(self) -> None:
         """The channel was paused, resumed or throttled (a NOTIFY): read its gate again."""
-        self._gate_stale = True
+        self.gate.changed()
         self.waker.wake("gate")
 
     async def _read_gate(self) -> store.Gate:
@@ -304,15 +284,13 @@ class ChannelWorker:
         they are claimed again under the channel's limits once it opens. Asked on every read
         while paused or held, not only when that changes: rows a page claimed just as the pause
         landed, and rows whose give-back failed, are given back by the next read."""
-        self._hold_until = time.monotonic() + gate.hold_s if gate.hold_s else 0.0
-        changed = gate.paused != self.paused
+        changed, give_back = self.gate.read(gate, time.monotonic())
         if changed:
-            self.paused = gate.paused
             self.metrics.channel_paused.labels(self.name).set(1 if gate.paused else 0)
             log.warning(
                 "channel %s", "paused" if gate.paused else "resumed", extra={"channel": self.name}
             )
-        if (gate.paused or gate.hold_s) and self._queue:
+        if give_back and self._queue:
             await self._give_back_queued("paused" if gate.paused else "held")
         elif changed and not gate.paused:
             for _ in range(min(len(self._queue), len(self._idle))):
@@ -331,28 +309,27 @@ class ChannelWorker:
             released = await release_all(self.pool, self.leases, self.identity, held)
         except BaseException:
             self._queue.extendleft(reversed(queued))
-            self._gate_stale = True
+            self.gate.changed()
             raise
         if self.tracer is not None:
-            self.tracer.released((r.id, r.lease) for r in queued)
-        self.held -= len(queued)
+            self.tracer.released(store.ClaimKey(r.id, r.lease) for r in queued)
+        self._wake_for_room(self.capacity.given_back(len(queued)))
         log.info(
             "gave back %d queued rows of a %s channel", released, why, extra={"channel": self.name}
         )
 
     async def claim_step(self) -> Next:
         """Claim as many rows as there is room for (at most one batch) and queue them."""
-        if self._stopping:
+        if self.lifecycle is not Lifecycle.CLAIMING:
             return Next(math.inf, "stopped")
-        if self._gate_stale or self.paused:
-            self._gate_stale = False
+        if self.gate.must_read():
             await self._apply_gate(await self._read_gate())
-            if self.paused:
+            if self.gate.paused:
                 return Next(self.tick, "paused")  # a resume NOTIFY wakes us sooner
-        limit = self._room()
+        limit = self.capacity.room()
         if not limit:
             # A delivery ending, rows settling or a page giving back its reserved room wakes us.
-            self._slot_wait = True
+            self.capacity.wait_for_room()
             return Next(math.inf, "slot")
         self.claiming += 1
         t_claim = time.monotonic()
@@ -360,8 +337,8 @@ class ChannelWorker:
             rows = await self._claim(limit)
         finally:
             self.claiming -= 1
-        self._take(rows, t_claim)
-        if self._stopping:
+        self._queue_claimed(rows, t_claim)
+        if self.lifecycle is not Lifecycle.CLAIMING:
             return Next(math.inf, "stopped")
         if len(rows) == limit:
             return Next(0, "more")
@@ -393,7 +370,7 @@ class ChannelWorker:
             self._due_unclaimed = 0
         return Next(max(0.0, min(self.tick, wait)), "timer" if wait < self.tick else "tick")
 
-    def _take(self, rows: list[store.Claimed], t_claim: float) -> None:
+    def _queue_claimed(self, rows: list[store.Claimed], t_claim: float) -> None:
         """Queue what a claim returned (rows closed at the claim are counted and logged) and wake
         as many idle workers as it brought rows."""
         taken = 0
@@ -423,13 +400,13 @@ class ChannelWorker:
                 )
                 continue
             self.leases.add(Held(row.id, row.lease, self.name))
-            if self._closed:
+            if self.lifecycle is Lifecycle.CLOSED:
                 continue  # stopping: held, and released without counting an attempt
             self._queue.append(row)
             taken += 1
         if self.tracer is not None and taken:
             self.tracer.claimed(list(self._queue)[-taken:], self.name, t_claim, time.monotonic())
-        self.held += taken
+        self.capacity.taken(taken)
         self._m_claimed.inc(taken)
         for _ in range(min(taken, len(self._idle))):
             self._idle.pop().set()
@@ -440,25 +417,25 @@ class ChannelWorker:
         delivery's ~100). A cancelled scope is left at once and a new one made, so the
         cancellation ends that one attempt: the next starts in a fresh scope."""
         done = 0
-        while not self._closed:
+        closed = Lifecycle.CLOSED
+        gate = self.gate
+        while self.lifecycle is not closed:
             row: store.Claimed | None = None
             started: _Started | None = None
             with anyio.CancelScope() as scope:
-                while not self._closed:
-                    if not self._queue or self.paused:
+                while self.lifecycle is not closed:
+                    if not self._queue or gate.paused:
                         ev = anyio.Event()
                         self._idle.append(ev)
                         await ev.wait()
                         continue
-                    if self._hold_until:
+                    if gate.until:
                         # Throttled: queued rows wait (their leases are kept) until the hold
-                        # passes.
-                        hold = self._hold_until - time.monotonic()
+                        # passes, in slices: a resume (or a stop) ends the hold early.
+                        hold = gate.hold_left(time.monotonic())
                         if hold > 0:
-                            # In slices: a resume (or a stop) ends the hold early.
                             await anyio.sleep(min(hold, self.HOLD_SLICE))
                             continue
-                        self._hold_until = 0.0
                     row = self._queue.popleft()
                     started = self._start(row)
                     self._attempts[scope] = started.t0 + self.attempt_timeout
@@ -491,7 +468,7 @@ class ChannelWorker:
         span = None
         if self.tracer is not None:
             span, traceparent, tracestate = self.tracer.deliver_start(
-                (row.id, row.lease), self.name, self.channel.config.kind
+                store.ClaimKey(row.id, row.lease), self.name, self.channel.config.kind
             )
         self.active += 1
         return _Started(Delivery.from_claim(row, traceparent, tracestate), time.monotonic(), span)
@@ -509,8 +486,6 @@ class ChannelWorker:
         t1 = time.monotonic()
         elapsed = t1 - t0
         self._m_duration.observe(elapsed)
-        avg = self._delivery_s
-        self._delivery_s = elapsed if avg is None else avg + 0.1 * (elapsed - avg)
         # How long the occurrence has been tried: only a retry needs it (database clock).
         tried_for = (
             0.0
@@ -521,7 +496,9 @@ class ChannelWorker:
             outcome, row.attempts - row.attempts_base, self.policy, tried_for
         )
         if self.tracer is not None:
-            self.tracer.deliver_end((row.id, row.lease), span, ledger, outcome.http_status, error)
+            self.tracer.deliver_end(
+                store.ClaimKey(row.id, row.lease), span, ledger, outcome.http_status, error
+            )
         throttle = pause = None
         if isinstance(outcome, Retry):
             if outcome.throttle:
@@ -553,10 +530,9 @@ class ChannelWorker:
                 duration=elapsed,
             )
         )
-        self.writing += 1
-        self._woken_for_room()
+        self._wake_for_room(self.capacity.delivered(elapsed))
 
-    def settle(self, records: list[Record], fenced: set[tuple[int, int]]) -> None:
+    def settle(self, records: list[Record], fenced: set[store.ClaimKey]) -> None:
         """Called by the outcome writer once ``records`` of this channel are durable; ``fenced``
         holds the (work id, lease) of those refused because the lease had passed on."""
         log_info = log.isEnabledFor(logging.INFO)
@@ -579,12 +555,12 @@ class ChannelWorker:
             if accepted and r.throttle is not None:
                 # Hold here at once (the other daemons learn it by NOTIFY); the gate read then
                 # gives the queue back.
-                self._hold_until = max(self._hold_until, r.finished + r.throttle)
-                self.gate_changed()
+                self.gate.hold(r.finished + r.throttle)
+                self.waker.wake("gate")
             if accepted and r.pause is not None:
                 # Start nothing more at once; the gate read then gives the queue back.
-                self._hold_until = math.inf
-                self.gate_changed()
+                self.gate.hold(math.inf)
+                self.waker.wake("gate")
             level = logging.WARNING if r.status == "dead" else logging.INFO
             if level == logging.WARNING or log_info:
                 log.log(
@@ -613,143 +589,4 @@ class ChannelWorker:
                 )
         for label, n in counted.items():
             self._m_attempts[label].inc(n)
-        self.held -= len(records)
-        self.writing -= len(records)
-        self._woken_for_room()
-
-
-class Deliveries:
-    """Every configured channel's claim loop and workers, as one duty.
-
-    Started, it makes the channels known to the database (reminders naming them are accepted),
-    starts each claim loop and its workers. ``stop`` is the delivery side of the two-stage stop:
-    claiming stops at once, queued rows are not started, deliveries in flight get ``grace``
-    seconds (or less on a hard stop), then pending outcomes are written and the rows still held
-    are released without counting an attempt.
-    """
-
-    #: How often the stop looks whether every held row has settled, seconds.
-    IDLE_POLL = 0.02
-    #: Bound on the final flush and release after the grace period, seconds.
-    FINAL_STEPS_TIMEOUT = 10.0
-
-    def __init__(
-        self,
-        channels: dict[str, Channel],
-        pool: AsyncConnectionPool[AsyncConnection[Any]],
-        writer: OutcomeWriter,
-        leases: Leases,
-        sup: Supervisor,
-        cfg: Config,
-        *,
-        identity: tuple[str, str, int],
-        clock: Clock,
-        woken_by: WakerGroup,
-        tracer: Tracer | None = None,
-    ) -> None:
-        self.pool = pool
-        self.writer = writer
-        self.leases = leases
-        self.identity = identity
-        self.workers = [
-            ChannelWorker(
-                ch,
-                pool,
-                writer,
-                leases,
-                sup,
-                cfg,
-                identity=identity,
-                clock=clock,
-                woken_by=woken_by,
-                tracer=tracer,
-            )
-            for ch in channels.values()
-        ]
-        self._work: TaskGroup | None = None
-        self._stopped = anyio.Event()
-
-    def gate_changed(self, channel: str | None) -> None:
-        """A channel's gate changed (NOTIFY ``pgwork_channel``); None: any may have (the
-        listener reconnected, notifications may have been lost)."""
-        for w in self.workers:
-            if channel is None or w.name == channel:
-                w.gate_changed()
-
-    @property
-    def held(self) -> int:
-        """Rows claimed by this daemon and not yet settled."""
-        return sum(w.held for w in self.workers)
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Claim loops stop cooperatively (a flag), so a stop never cancels a claim statement;
-        the work group holds only the delivery workers."""
-        async with self.pool.connection() as conn, conn.transaction():
-            changed = await store.register_channels(conn, [w.channel.config for w in self.workers])
-        for name in changed:
-            log.warning(
-                "channel %s: this daemon's config changed its shared settings (catch_up, "
-                "global_concurrency, rate_limit, breaker); daemons sharing a database should "
-                "share them",
-                name,
-                extra={"channel": name},
-            )
-        async with anyio.create_task_group() as claims:
-            for w in self.workers:
-                await claims.start(w.run)
-            async with anyio.create_task_group() as work:
-                for w in self.workers:
-                    w.start_workers(work)
-                self._work = work
-                task_status.started()
-            for w in self.workers:
-                w.close()
-            self._stopped.set()
-
-    async def stop(self, grace: float, hard: anyio.Event) -> None:
-        """Stop claiming; return once every delivery in flight has ended (settled, or cancelled
-        by the grace deadline or by ``hard``)."""
-        assert self._work is not None, "stop() before run() started"
-        work = self._work
-        for w in self.workers:
-            w.stop_claiming()
-            w.stop_taking()
-        work.cancel_scope.deadline = anyio.current_time() + grace
-
-        async def hard_stop() -> None:
-            await hard.wait()
-            log.warning("second stop request: cancelling in-flight deliveries")
-            work.cancel_scope.cancel()
-
-        async def done_when_idle() -> None:
-            # Shutdown only: a short poll is simpler than an event per worker.
-            while self.held:  # noqa: ASYNC110
-                await anyio.sleep(self.IDLE_POLL)
-            work.cancel_scope.cancel()
-
-        work.start_soon(hard_stop)
-        work.start_soon(done_when_idle)
-        await self._stopped.wait()
-        await self._final_steps()
-
-    async def _final_steps(self) -> None:
-        """Bounded: write what is pending, then give back what we still hold."""
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(self.FINAL_STEPS_TIMEOUT) as scope,
-        ):
-            # A claim under way may have committed already: wait for its rows (held, never
-            # started), so that they are given back below, not left claimed until their lease
-            # expires. No claim starts after stop_claiming.
-            while any(w.claiming for w in self.workers):  # noqa: ASYNC110
-                await anyio.sleep(self.IDLE_POLL)
-            await self.writer.drain()
-            released = await release_all(self.pool, self.leases, self.identity)
-            if released:
-                log.info("released %d rows without counting an attempt", released)
-        if scope.cancelled_caught:
-            log.error(
-                "final flush/release did not finish in %ss; held rows return when their "
-                "lease expires",
-                self.FINAL_STEPS_TIMEOUT,
-            )
+        self._wake_for_room(self.capacity.settled(len(records)))

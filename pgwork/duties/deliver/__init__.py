@@ -1,0 +1,14 @@
+"""Claim/deliver duty: per channel, claim due rows with SKIP LOCKED in short transactions,
+deliver outside any transaction, and hand the outcome to the outcome writer.
+
+``capacity`` and ``gate`` hold the arithmetic (pure, synchronous); ``channel`` one channel's
+claim loop and workers around them; ``deliveries`` every channel as one duty, and the stop."""
+
+from __future__ import annotations
+
+from .capacity import Capacity
+from .channel import ChannelWorker, Lifecycle
+from .deliveries import Deliveries
+from .gate import Gate, GateState
+
+__all__ = ["Capacity", "ChannelWorker", "Deliveries", "Gate", "GateState", "Lifecycle"]
