@@ -26,7 +26,6 @@ class Capacity:
         "concurrency",
         "delivery_s",
         "held",
-        "max_held",
         "max_writing",
         "prefetch_s",
         "reserved",
@@ -44,7 +43,6 @@ class Capacity:
         self.concurrency = concurrency
         self.claim_batch = claim_batch
         self.prefetch_s = prefetch_s
-        self.max_held = 2 * concurrency
         self.max_writing = writing_batches * claim_batch
         #: Seconds a delivery takes, a moving average (None: none timed yet).
         self.delivery_s: float | None = None
@@ -54,16 +52,22 @@ class Capacity:
         #: The claim loop sleeps until there is room worth a claim (see wait_for_room).
         self.claimer_waiting = False
 
-    # -- questions (pure) ---------------------------------------------------------------------
+    # -- questions (pure; asked per claim, and per delivery only while the claim loop waits) ---
+
+    @property
+    def max_held(self) -> int:
+        """Most undelivered rows, by the pace measured so far."""
+        if self.delivery_s is None:
+            return 2 * self.concurrency
+        ahead = self.concurrency * self.prefetch_s / max(self.delivery_s, 1e-6)
+        return self.concurrency + max(1, min(math.ceil(ahead), 2 * self.claim_batch))
 
     def free(self) -> int:
         """Rows a claim could take now: room among the undelivered rows (max_held), and among
         all held rows (max_held plus max_writing), less what a page has reserved."""
+        max_held = self.max_held
         undelivered = self.held - self.writing
-        return (
-            min(self.max_held - undelivered, self.max_held + self.max_writing - self.held)
-            - self.reserved
-        )
+        return min(max_held - undelivered, max_held + self.max_writing - self.held) - self.reserved
 
     def worth_a_claim(self) -> int:
         """The fewest rows worth a claim statement: half a batch (or of max_held)."""
@@ -98,20 +102,18 @@ class Capacity:
 
     def delivered(self, elapsed: float) -> bool:
         """A delivery ended after ``elapsed`` seconds; its outcome goes to the writer (a
-        worker). The pace retunes max_held. True: wake the claim loop."""
+        worker). The pace (a moving average) sizes max_held. True: wake the claim loop."""
         self.writing += 1
         avg = self.delivery_s
-        self.delivery_s = avg = elapsed if avg is None else avg + 0.1 * (elapsed - avg)
-        ahead = self.concurrency * self.prefetch_s / max(avg, 1e-6)
-        self.max_held = self.concurrency + max(1, min(math.ceil(ahead), 2 * self.claim_batch))
-        return self._claimer_woken()
+        self.delivery_s = elapsed if avg is None else avg + 0.1 * (elapsed - avg)
+        return self.claimer_waiting and self._claimer_woken()
 
     def settled(self, n: int) -> bool:
         """``n`` delivered rows' outcomes are durable (the outcome writer's task). True: wake
         the claim loop."""
         self.held -= n
         self.writing -= n
-        return self._claimer_woken()
+        return self.claimer_waiting and self._claimer_woken()
 
     def wait_for_room(self) -> None:
         """The claim loop found no room and sleeps until a transition frees enough."""

@@ -31,7 +31,7 @@ from ...waker import Waker, WakerGroup
 from ..leases import Held, Leases, release_all
 from ..outcomes import OutcomeWriter, Record, clean_delay, clean_text
 from .capacity import Capacity
-from .gate import Gate
+from .gate import Gate, GateState
 
 log = logging.getLogger("pgwork.worker")
 
@@ -417,14 +417,13 @@ class ChannelWorker:
         delivery's ~100). A cancelled scope is left at once and a new one made, so the
         cancellation ends that one attempt: the next starts in a fresh scope."""
         done = 0
-        closed = Lifecycle.CLOSED
-        gate = self.gate
+        closed, paused, gate = Lifecycle.CLOSED, GateState.PAUSED, self.gate
         while self.lifecycle is not closed:
             row: store.Claimed | None = None
             started: _Started | None = None
             with anyio.CancelScope() as scope:
                 while self.lifecycle is not closed:
-                    if not self._queue or gate.paused:
+                    if not self._queue or gate.state is paused:
                         ev = anyio.Event()
                         self._idle.append(ev)
                         await ev.wait()
@@ -530,7 +529,8 @@ class ChannelWorker:
                 duration=elapsed,
             )
         )
-        self._wake_for_room(self.capacity.delivered(elapsed))
+        if self.capacity.delivered(elapsed):
+            self.waker.wake("slot")
 
     def settle(self, records: list[Record], fenced: set[store.ClaimKey]) -> None:
         """Called by the outcome writer once ``records`` of this channel are durable; ``fenced``
@@ -538,12 +538,13 @@ class ChannelWorker:
         log_info = log.isEnabledFor(logging.INFO)
         counted: dict[str, int] = {}
         for r in records:
-            self.leases.drop(r.key)
-            accepted = r.key not in fenced
+            key = r.key
+            self.leases.drop(key)
+            accepted = key not in fenced
             outcome = r.outcome if accepted else "fenced"
             counted[outcome] = counted.get(outcome, 0) + 1
             if self.tracer is not None:
-                self.tracer.settled(r.key, r.outcome, accepted)
+                self.tracer.settled(key, r.outcome, accepted)
             if accepted and r.status == "delivered" and r.due_at is not None:
                 # Both instants by the database's clock (see Clock).
                 late = self.clock.seconds_since(r.due_at, r.finished)
