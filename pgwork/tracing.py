@@ -103,7 +103,7 @@ class Tracer:
                     "pgwork.due_at": row.due_at.isoformat(),
                 },
             )
-            self._jobs[ClaimKey(row.id, row.lease)] = job
+            self._jobs[(row.id, row.lease)] = job
             self._tracer.start_span(
                 "pgwork.claim",
                 context=trace.set_span_in_context(job),

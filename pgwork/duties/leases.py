@@ -41,7 +41,7 @@ class Leases:
         self.held: dict[ClaimKey, Held] = {}
 
     def add(self, h: Held) -> None:
-        self.held[ClaimKey(h.work_id, h.lease)] = h
+        self.held[(h.work_id, h.lease)] = h
 
     def drop(self, key: ClaimKey) -> None:
         self.held.pop(key, None)
@@ -61,8 +61,8 @@ async def heartbeat_step(
             lease_no=[h.lease for h in held],
             lease=timedelta(seconds=lease),
         )
-    kept = {ClaimKey(r.id, r.lease) for r in rows}
-    lost = {ClaimKey(h.work_id, h.lease) for h in held} - kept
+    kept = {(r.id, r.lease) for r in rows}
+    lost = {(h.work_id, h.lease) for h in held} - kept
     # A claim whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
     return {k for k in lost if k in leases.held}
 
@@ -89,7 +89,7 @@ async def release_all(
             pid=pid,
         )
     for h in held:
-        leases.drop(ClaimKey(h.work_id, h.lease))
+        leases.drop((h.work_id, h.lease))
     return len(rows)
 
 

@@ -129,7 +129,7 @@ class Record:
     @property
     def key(self) -> ClaimKey:
         """What a claim is known by: the row and the lease that claimed it."""
-        return ClaimKey(self.work_id, self.lease)
+        return (self.work_id, self.lease)
 
     def cleaned(self, secrets: Secrets | None = None) -> Record:
         """This record as Postgres can store it (see the ``clean_*`` functions), with every
@@ -401,4 +401,4 @@ class OutcomeWriter:
                 conn, outcomes=outcomes, daemon_id=self.daemon_id, host=self.host, pid=self.pid
             )
         # Records already applied by a first run of this write (its reply was lost) are not fenced.
-        return {ClaimKey(r.fenced_id, r.lease) for r in rows if not r.already}
+        return {(r.fenced_id, r.lease) for r in rows if not r.already}

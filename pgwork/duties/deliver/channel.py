@@ -208,7 +208,7 @@ class ChannelWorker:
         self.lifecycle = Lifecycle.CLOSED
         left = len(self._queue)
         if self.tracer is not None:
-            self.tracer.released(store.ClaimKey(r.id, r.lease) for r in self._queue)
+            self.tracer.released((r.id, r.lease) for r in self._queue)
         self._queue.clear()
         self.capacity.given_back(left)
         for ev in self._idle:
@@ -312,7 +312,7 @@ class ChannelWorker:
             self.gate.changed()
             raise
         if self.tracer is not None:
-            self.tracer.released(store.ClaimKey(r.id, r.lease) for r in queued)
+            self.tracer.released((r.id, r.lease) for r in queued)
         self._wake_for_room(self.capacity.given_back(len(queued)))
         log.info(
             "gave back %d queued rows of a %s channel", released, why, extra={"channel": self.name}
@@ -467,7 +467,7 @@ class ChannelWorker:
         span = None
         if self.tracer is not None:
             span, traceparent, tracestate = self.tracer.deliver_start(
-                store.ClaimKey(row.id, row.lease), self.name, self.channel.config.kind
+                (row.id, row.lease), self.name, self.channel.config.kind
             )
         self.active += 1
         return _Started(Delivery.from_claim(row, traceparent, tracestate), time.monotonic(), span)
@@ -495,9 +495,7 @@ class ChannelWorker:
             outcome, row.attempts - row.attempts_base, self.policy, tried_for
         )
         if self.tracer is not None:
-            self.tracer.deliver_end(
-                store.ClaimKey(row.id, row.lease), span, ledger, outcome.http_status, error
-            )
+            self.tracer.deliver_end((row.id, row.lease), span, ledger, outcome.http_status, error)
         throttle = pause = None
         if isinstance(outcome, Retry):
             if outcome.throttle:
