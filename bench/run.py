@@ -26,7 +26,7 @@ import anyio
 import psycopg
 
 import pgwork
-from pgwork import db
+from pgwork import db, eventloop
 from pgwork.embedded import LocalServer
 
 from . import noop
@@ -117,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default=str(Path(__file__).parent / "results"), help="directory for the JSON"
     )
     p.add_argument(
+        "--loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="the event loop, as daemon.event_loop (default auto: what the daemon runs on)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -157,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             only,
             Path(a.out),
             "smoke" if a.smoke else "quick" if a.quick else "full",
+            backend="asyncio",
+            backend_options={"use_uvloop": eventloop.use_uvloop(a.loop)},
         )
     finally:
         if server is not None:
@@ -185,10 +193,11 @@ async def run(
         "sizes": sizes.__dict__,
         **facts,
         "daemon": {"concurrency": w.CONCURRENCY, "claim_batch": w.CLAIM_BATCH},
+        "event_loop": eventloop.name(),
     }
     print(
         f"# pgwork {meta['pgwork']} bench ({mode}, {rounds} rounds) on {facts['postgres'].split(',')[0]}, "
-        f"{meta['cores']} cores; fsync={facts['settings'].get('fsync')} "
+        f"{meta['cores']} cores, {meta['event_loop']}; fsync={facts['settings'].get('fsync')} "
         f"synchronous_commit={facts['settings'].get('synchronous_commit')}",
         flush=True,
     )

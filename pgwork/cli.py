@@ -21,7 +21,7 @@ import anyio
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from . import __version__, db, logs, store
+from . import __version__, db, eventloop, logs, store
 from .config import ChannelConfig, Config, ConfigError, load
 from .durations import parse_duration
 from .embedded import EmbeddedError, LocalServer, wheel_bin_dir
@@ -118,7 +118,7 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
         async def main() -> None:
             await serve(Daemon(cfg, database.dsn))
 
-        anyio.run(main)
+        eventloop.run(main, cfg.event_loop)
     finally:
         database.close()
         if provider is not None:

@@ -109,6 +109,8 @@ class Config:
     #: with one (then the tick is the only wake-up).
     listen_dsn: str | None = None
     daemon_id: str | None = None
+    #: ``auto``: uvloop where it is installed, else asyncio; ``uvloop`` (required); ``asyncio``.
+    event_loop: str = "auto"
     #: Seconds in-flight deliveries may take to finish after SIGTERM before they are cancelled.
     shutdown_grace: float = 30.0
     #: Materialiser: timed wake-up even without NOTIFY (the correctness floor), seconds.
@@ -160,6 +162,7 @@ _OPTIONS: dict[str, tuple[str, str]] = {
     "database.pooler": ("pooler", "str"),
     "database.listen_dsn": ("listen_dsn", "str"),
     "daemon.id": ("daemon_id", "str"),
+    "daemon.event_loop": ("event_loop", "str"),
     "daemon.shutdown_grace": ("shutdown_grace", "duration"),
     "materialiser.tick": ("tick", "duration"),
     "materialiser.lookahead": ("lookahead", "duration"),
@@ -189,6 +192,7 @@ _OPTIONS: dict[str, tuple[str, str]] = {
 
 _CHOICES = {
     "database.pooler": ("none", "transaction"),
+    "daemon.event_loop": ("auto", "uvloop", "asyncio"),
     "log.format": ("auto", "json", "text"),
     "log.level": ("debug", "info", "warning", "error"),
     "log.redact": ("none", "hash", "drop"),

@@ -21,7 +21,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, db, logs, store
+from . import __version__, db, eventloop, logs, store
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config
@@ -248,6 +248,7 @@ class Daemon:
                     "channels": list(channels),
                     "database": db.describe(self.dsn),
                     "version": __version__,
+                    "event_loop": eventloop.name(),
                 },
             )
             await self._stopping.wait()

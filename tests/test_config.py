@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,11 @@ backoff_base = "500ms"
             '[channels.x]\nkind = "log"\ncatch_up = "some"',
             {},
             "channels.x.catch_up: must be one of",
+        ),
+        (
+            '[daemon]\nevent_loop = "fast"',
+            {},
+            "daemon.event_loop: must be one of",
         ),
         (
             '[channels.x]\nkind = "log"\nrate_limit = "5/fortnight"',
@@ -264,3 +270,19 @@ def test_delivery_edge_options(tmp_path: Path) -> None:
     assert (p.rate_limit, p.rate_burst, p.expire_after, p.catch_up) == (2.5, 10.0, None, "all")
     # Defaults ride out a long outage: a day of retries, within a hundred attempts.
     assert (p.retry.retry_for, p.retry.max_attempts) == (86400.0, 100)
+
+
+def test_an_event_loop_that_cannot_be_had_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``uvloop`` asked for where it cannot be imported: refused, naming the option; ``auto``
+    falls back to asyncio."""
+    from pgwork import eventloop
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    with pytest.raises(
+        ConfigError, match=r"daemon.event_loop = \"uvloop\", but uvloop is not installed"
+    ):
+        eventloop.use_uvloop("uvloop")
+    assert eventloop.use_uvloop("auto") is False
+    assert eventloop.use_uvloop("asyncio") is False

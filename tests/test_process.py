@@ -40,6 +40,25 @@ async def test_end_to_end_run_then_sigterm_exits_0(
     assert sorted(r.body["business_key"] for r in receiver.requests) == ["now", "soon"]
     events = [e.get("event") for e in d.lines()]
     assert "pgwork stopped" in events
+    # The process ran on uvloop (a dependency here): what `daemon.event_loop = "auto"` picks.
+    (running,) = [e for e in d.lines() if e.get("event") == "pgwork running"]
+    assert running["event_loop"].startswith("uvloop "), running
+
+
+@pytest.mark.parametrize(
+    ("setting", "loop"), [("asyncio", "asyncio"), ("uvloop", "uvloop "), ("auto", "uvloop ")]
+)
+async def test_the_event_loop_is_the_one_configured(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any, setting: str, loop: str
+) -> None:
+    with Receiver() as receiver:
+        d = procs(dsn, toml(channel=hook(receiver.url)), env={"PGWORK_DAEMON_EVENT_LOOP": setting})
+        await add(conn, "k", channel="hook")
+        await until(lambda: _delivered(conn, 1), what="delivered")
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0
+    (running,) = [e for e in d.lines() if e.get("event") == "pgwork running"]
+    assert running["event_loop"].startswith(loop), running
 
 
 async def test_sigkill_after_send_retries_with_the_same_key(
