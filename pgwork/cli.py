@@ -15,6 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
@@ -126,12 +127,24 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
+def _this_command() -> str:
+    """How the user runs this pgwork again: ``pgwork`` when that name on PATH is this program,
+    else the path it was started by, or ``python -m pgwork``."""
+    started = Path(sys.argv[0])
+    if started.name == "__main__.py":
+        return f"{sys.executable} -m pgwork"
+    found = shutil.which("pgwork")
+    if found and Path(found).resolve() == started.resolve():
+        return "pgwork"
+    return str(started)
+
+
 def _print_welcome(database: Database) -> None:
     assert database.server is not None
     print(
         "\npgwork is running on the embedded Postgres "
         f"(127.0.0.1:{database.server.port}, data in {database.server.data_dir}).\n"
-        "Schedule a reminder from another terminal with `make psql` (or `.venv/bin/pgwork psql`):\n\n"
+        f"Schedule a reminder from another terminal with `{_this_command()} psql`:\n\n"
         "  INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient)\n"
         "  VALUES ('demo', 'lease:42', now() + interval '10 seconds', 'log', 'tenant@example.com');\n\n"
         "It is delivered by the `log` channel (a REMINDER line below) ten seconds later. Ctrl-C stops.\n",
@@ -295,7 +308,11 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         print(
             f"retention: {'PAUSED, ' if r['paused'] else ''}last pass {_fmt(r['last_pass_at'])}, "
             f"deleted {r['total_deleted']} in total, backlog {backlog_s}, "
-            f"oldest kept {_fmt(r['oldest_terminal_age_seconds'])}s"
+            + (
+                "nothing kept"
+                if r["oldest_terminal_age_seconds"] is None
+                else f"oldest kept {_fmt(r['oldest_terminal_age_seconds'])}s"
+            )
         )
         if st["daemons"]:
             shown = [

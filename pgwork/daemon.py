@@ -176,15 +176,6 @@ class Daemon:
             origin=self.daemon_id,
         )
         listen_dsn = self.listen_dsn
-        listener = Listener(
-            listen_dsn or self.dsn,
-            sup,
-            materialiser.waker,
-            work_made,
-            connect_timeout=cfg.connect_timeout,
-            gate_changed=deliveries.gate_changed,
-            origin=self.daemon_id,
-        )
         heartbeat = Heartbeat(
             pool,
             leases,
@@ -194,6 +185,16 @@ class Daemon:
             clock=self.clock,
             listener_up=lambda: listener.up if listen_dsn else None,
             metrics_at=self.metrics_at,
+        )
+        listener = Listener(
+            listen_dsn or self.dsn,
+            sup,
+            materialiser.waker,
+            work_made,
+            connect_timeout=cfg.connect_timeout,
+            gate_changed=deliveries.gate_changed,
+            origin=self.daemon_id,
+            changed=heartbeat.waker,
         )
         if listen_dsn is None:
             log.warning(

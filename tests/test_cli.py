@@ -260,3 +260,44 @@ async def test_status_names_a_session_that_locks_pgwork_out(
     again = pgwork("status", "--json", dsn=dsn)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["lock_holders"] == []
+
+
+def test_status_with_nothing_kept_says_so(dsn: str) -> None:
+    r = pgwork("status", dsn=dsn)
+    assert r.returncode == 0, r.stderr
+    assert "oldest kept -s" not in r.stdout
+    assert "nothing kept" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("how", ["on PATH", "by its path", "python -m"])
+def test_the_welcome_names_a_psql_command_that_exists(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pip-installed `pgwork run` once told the user to run `make psql` or
+    `.venv/bin/pgwork psql`, neither of which exists outside a checkout: the welcome names the
+    command this pgwork was started as."""
+    from types import SimpleNamespace
+
+    from pgwork import cli
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    exe = bin_dir / "pgwork"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    if how == "on PATH":
+        monkeypatch.setattr(sys, "argv", [str(exe), "run"])
+        monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+        expected = "`pgwork psql`"
+    elif how == "by its path":
+        monkeypatch.setattr(sys, "argv", [str(exe), "run"])
+        monkeypatch.setenv("PATH", "/usr/bin:/bin")
+        expected = f"`{exe} psql`"
+    else:
+        monkeypatch.setattr(sys, "argv", [str(ROOT / "pgwork" / "__main__.py"), "run"])
+        expected = f"`{sys.executable} -m pgwork psql`"
+    server = SimpleNamespace(port=5432, data_dir=tmp_path / "data")
+    cli._print_welcome(SimpleNamespace(server=server))  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert "make psql" not in err and ".venv/bin/pgwork" not in err

@@ -421,3 +421,23 @@ async def test_status_says_ahead_by_for_a_cutoff_in_the_future(dsn: str) -> None
     (line,) = [ln for ln in st.stdout.splitlines() if ln.startswith("materialiser:")]
     assert "ahead by 29" in line or "ahead by 30" in line, line
     assert "-" not in line.split("(")[1].split(")")[0]  # no negative age
+
+
+async def test_the_daemon_row_shows_the_listener_up_from_the_start(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`pgwork status` showed `listener_up False` for a whole heartbeat interval after a start
+    (20 s at the default lease): the row was written before the LISTEN connection was made, and
+    only the next heartbeat corrected it. The heartbeat now writes as soon as the listener's
+    state changes."""
+    async with running(config(lease=60.0), dsn) as d:
+        await until(
+            lambda: _listener_up(conn, d.daemon_id),
+            timeout=5,
+            what="the daemon row to show the listener up (heartbeat every 20 s)",
+        )
+
+
+async def _listener_up(conn: psycopg.AsyncConnection[Any], daemon_id: str) -> bool:
+    got = await rows(conn, "SELECT listener_up FROM pgwork.daemon WHERE id = %s", (daemon_id,))
+    return bool(got) and got[0]["listener_up"] is True

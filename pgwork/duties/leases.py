@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +19,7 @@ from .. import __version__, store
 from ..clock import Clock
 from ..store import ClaimKey, Identity
 from ..supervise import Next, Supervisor
+from ..waker import Waker
 
 log = logging.getLogger("pgwork.leases")
 
@@ -110,6 +111,8 @@ class Heartbeat:
     listener_up: Callable[[], bool | None]
     #: HOST:PORT its metrics are served on (None: off), shown by `pgwork status`.
     metrics_at: str | None = None
+    #: Wakes a heartbeat before its time (the listener came up or went down).
+    waker: Waker = field(default_factory=Waker)
 
     @property
     def daemon_id(self) -> str:
@@ -152,7 +155,11 @@ class Heartbeat:
         self.clock.warn_if_skewed()
         try:
             await self.sup.loop(
-                "heartbeat", self.step, first=Next(self.every, "tick"), task_status=task_status
+                "heartbeat",
+                self.step,
+                self.waker,
+                first=Next(self.every, "tick"),
+                task_status=task_status,
             )
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):

@@ -47,10 +47,15 @@ class Listener:
     #: This daemon's id: rows its own materialiser made (the NOTIFY's payload) woke its
     #: workers already.
     origin: str = ""
+    #: Woken when the connection comes up or goes down (the heartbeat writes it to this
+    #: daemon's row at once, for `pgwork status`).
+    changed: Waker | None = None
     up: bool = field(default=False, init=False)
     _first: anyio.Event = field(default_factory=anyio.Event, init=False)
 
     def _set_up(self, up: bool) -> None:
+        if up != self.up and self.changed is not None:
+            self.changed.wake("listener")
         self.up = up
         self.sup.metrics.listener_up.set(1 if up else 0)
 
