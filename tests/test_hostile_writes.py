@@ -129,9 +129,14 @@ def _names_a_column_or_rule(e: psycopg.Error) -> bool:
 
 
 async def _fingerprint(c: psycopg.AsyncConnection[Any]) -> Any:
+    """What apps wrote: every reminder's own columns. Not the whole row: the daemon running
+    beside this test advances a reminder's materialiser progress (next_fire_at) whenever it
+    likes, and a refused write in the meantime once looked like a write that changed something."""
     (r,) = await rows(
         c,
-        "SELECT count(*) AS n, md5(coalesce(string_agg(r::text, ',' ORDER BY id), '')) AS h "
+        "SELECT count(*) AS n, md5(coalesce(string_agg(("
+        "r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz, r.remind_before, "
+        "r.channel, r.recipient, r.payload)::text, ',' ORDER BY r.id), '')) AS h "
         "FROM pgwork.reminder r",
     )
     return (r["n"], r["h"])
