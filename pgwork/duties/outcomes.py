@@ -9,7 +9,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 import anyio
@@ -19,6 +18,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .. import store
+from ..channels.types import Delivered, Outcome, Retry
 from ..metrics import Metrics
 from ..secrets import Secrets
 from ..store import ClaimKey, Identity
@@ -37,6 +37,12 @@ MAX_RECEIPT = 16384
 MAX_RECEIPT_DEPTH = 32
 #: Longest retry delay stored, seconds (a receiver may ask for more; it is clamped).
 MAX_RETRY_DELAY = 7 * 86400.0
+#: Longest pause reason stored on the channel row.
+MAX_PAUSE_REASON = 500
+#: How long a throttling answer without Retry-After holds the channel, seconds.
+THROTTLE_HOLD = 1.0
+#: Longest a single answer may hold the channel, seconds.
+MAX_THROTTLE_HOLD = 3600.0
 
 
 def clean_text(text: str | None, limit: int) -> str | None:
@@ -118,13 +124,49 @@ class Record:
     throttle: float | None = None
     #: Why to pause the channel (e.g. HTTP 410), or None.
     pause: str | None = None
-    # For settling (metrics and the attempt log line), not written.
-    due_at: datetime | None = None
-    operation_id: Any = None
-    source: str = ""
-    business_key: str = ""
-    recipient: str = ""
-    duration: float = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        row: store.Claimed,
+        channel: str,
+        outcome: Outcome,
+        decided: tuple[str, str, float | None, str | None],
+        started: float,
+        finished: float,
+    ) -> Record:
+        """The record of one attempt at ``row``: what the channel returned and what the retry
+        policy ``decided`` of it (ledger outcome, status, retry delay, error). A throttling answer
+        holds the channel for its Retry-After (THROTTLE_HOLD without one, MAX_THROTTLE_HOLD at
+        most). Cleaning for storage is ``cleaned``'s, in the writer's task."""
+        ledger, status, delay, error = decided
+        throttle = pause = None
+        if isinstance(outcome, Retry):
+            if outcome.throttle:
+                hold = clean_delay(outcome.delay)
+                throttle = min(THROTTLE_HOLD if hold is None else hold, MAX_THROTTLE_HOLD)
+            pause = outcome.pause
+        if isinstance(outcome, Delivered):
+            error_class, receipt = None, outcome.receipt
+        else:
+            error_class, receipt = outcome.error_class, None
+        return cls(
+            work_id=row.id,
+            lease=row.lease,
+            attempt=row.attempts,
+            channel=channel,
+            outcome=ledger,
+            status=status,
+            retry_after=delay,
+            started=started,
+            finished=finished,
+            http_status=outcome.http_status,
+            error_class=error_class,
+            error=error,
+            receipt=receipt,
+            throttle=throttle,
+            pause=pause,
+        )
 
     @property
     def key(self) -> ClaimKey:
@@ -138,6 +180,7 @@ class Record:
             self.error is None
             and self.error_class is None
             and self.receipt is None
+            and self.pause is None
             and (self.retry_after is None or 0 <= self.retry_after <= MAX_RETRY_DELAY)
             and (self.http_status is None or 100 <= self.http_status < 1000)
         ):
@@ -145,6 +188,7 @@ class Record:
         s = secrets or Secrets()
         return replace(
             self,
+            pause=clean_text(self.pause, MAX_PAUSE_REASON),
             retry_after=clean_delay(self.retry_after),
             error=clean_text(s.scrub(self.error) if self.error else self.error, MAX_ERROR),
             error_class=clean_text(self.error_class, MAX_ERROR_CLASS),

@@ -29,7 +29,7 @@ from ...supervise import Next, Supervisor
 from ...tracing import Tracer
 from ...waker import Waker, WakerGroup
 from ..leases import Held, Leases, release_all
-from ..outcomes import OutcomeWriter, Record, clean_delay, clean_text
+from ..outcomes import OutcomeWriter, Record
 from .capacity import Capacity
 from .gate import Gate, GateState
 
@@ -71,10 +71,6 @@ class ChannelWorker:
     #: How often a channel at its global concurrency (or throttle limit) looks for a free slot
     #: that another daemon's outcome made, seconds.
     FULL_POLL = 0.05
-    #: How long a throttling answer without Retry-After holds the channel, seconds.
-    THROTTLE_HOLD = 1.0
-    #: Longest a single answer may hold the channel, seconds.
-    MAX_THROTTLE_HOLD = 3600.0
     #: A held worker looks again this often, seconds.
     HOLD_SLICE = 0.5
     #: Beyond one row per worker, a channel holds only the rows its workers start within this
@@ -155,6 +151,9 @@ class ChannelWorker:
         self._due_unclaimed = 0
         #: Attempts under way and when each must end: the workers add, the reaper reads.
         self._attempts: dict[anyio.CancelScope, float] = {}
+        #: Delivered rows whose outcome is not durable yet, and how long each delivery took: a
+        #: worker adds, the outcome writer's settle takes (for the metrics and the log line).
+        self._writing: dict[store.ClaimKey, tuple[store.Claimed, float]] = {}
         # Labelled metric children, looked up once.
         self._m_attempts = {
             o: metrics.attempts.labels(self.name, o)
@@ -481,7 +480,7 @@ class ChannelWorker:
             return Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=type(e).__name__)
 
     def _finish(self, row: store.Claimed, started: _Started, outcome: Outcome) -> None:
-        d, t0, span = started
+        _, t0, span = started
         t1 = time.monotonic()
         elapsed = t1 - t0
         self._m_duration.observe(elapsed)
@@ -496,36 +495,10 @@ class ChannelWorker:
         )
         if self.tracer is not None:
             self.tracer.deliver_end((row.id, row.lease), span, ledger, outcome.http_status, error)
-        throttle = pause = None
-        if isinstance(outcome, Retry):
-            if outcome.throttle:
-                hold = clean_delay(outcome.delay)
-                throttle = min(self.THROTTLE_HOLD if hold is None else hold, self.MAX_THROTTLE_HOLD)
-            pause = clean_text(outcome.pause, 500)
+        # The row stays at hand until its outcome is durable: settle counts and logs it.
+        self._writing[row.id, row.lease] = (row, elapsed)
         self.writer.submit(
-            Record(
-                work_id=d.work_id,
-                lease=row.lease,
-                attempt=row.attempts,
-                channel=self.name,
-                outcome=ledger,
-                status=status,
-                retry_after=delay,
-                started=t0,
-                finished=t1,
-                http_status=outcome.http_status,
-                error_class=None if isinstance(outcome, Delivered) else outcome.error_class,
-                error=error,
-                receipt=outcome.receipt if isinstance(outcome, Delivered) else None,
-                throttle=throttle,
-                pause=pause,
-                due_at=d.due_at,
-                operation_id=d.operation_id,
-                source=d.source,
-                business_key=d.business_key,
-                recipient=d.recipient,
-                duration=elapsed,
-            )
+            Record.of(row, self.name, outcome, (ledger, status, delay, error), t0, t1)
         )
         if self.capacity.delivered(elapsed):
             self.waker.wake("slot")
@@ -538,14 +511,15 @@ class ChannelWorker:
         for r in records:
             key = r.key
             self.leases.drop(key)
+            row, elapsed = self._writing.pop(key)
             accepted = key not in fenced
             outcome = r.outcome if accepted else "fenced"
             counted[outcome] = counted.get(outcome, 0) + 1
             if self.tracer is not None:
                 self.tracer.settled(key, r.outcome, accepted)
-            if accepted and r.status == "delivered" and r.due_at is not None:
+            if accepted and r.status == "delivered":
                 # Both instants by the database's clock (see Clock).
-                late = self.clock.seconds_since(r.due_at, r.finished)
+                late = self.clock.seconds_since(row.due_at, r.finished)
                 self._m_lateness.observe(late if late > 0.0 else 0.0)
                 if r.outcome == "duplicate":
                     self._m_duplicates.inc()
@@ -568,15 +542,15 @@ class ChannelWorker:
                     outcome,
                     extra={
                         "work_id": r.work_id,
-                        "operation_id": str(r.operation_id),
-                        "source": r.source,
-                        "business_key": r.business_key,
-                        "recipient": r.recipient,
+                        "operation_id": str(row.operation_id),
+                        "source": row.source,
+                        "business_key": row.business_key,
+                        "recipient": row.recipient,
                         "channel": self.name,
                         "attempt": r.attempt,
                         "outcome": outcome,
                         "status": r.status,
-                        "duration_ms": round(r.duration * 1000, 2),
+                        "duration_ms": round(elapsed * 1000, 2),
                         "http_status": r.http_status,
                         **({"error": r.error} if r.error else {}),
                         **(
