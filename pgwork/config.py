@@ -6,7 +6,7 @@ import base64
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,75 +17,114 @@ class ConfigError(Exception):
     """A configuration value is missing or wrong; the message names the option."""
 
 
+def option(
+    name: str,
+    kind: str,
+    default: Any = MISSING,
+    *,
+    within: tuple[float, float] | None = None,
+    choices: tuple[str, ...] | None = None,
+    shown: str | None = None,
+    factory: Any = None,
+) -> Any:
+    """A configuration option, declared once on its field: ``name`` as the TOML file spells it
+    (``section.key``; a channel option's key), ``kind`` (how its text is read: str, int,
+    duration, bool, path; or a channel's own: rate, headers, secrets), its default, its bounds
+    or its choices, and ``shown``: the default as the README's table writes it when it is
+    computed (e.g. ``host:pid:random``). Loading, the bound and choice checks, the channel keys
+    and the README table's test (tests/test_config.py) all read these."""
+    md = {"option": name, "kind": kind, "within": within, "choices": choices, "shown": shown}
+    if factory is not None:
+        return field(default_factory=factory, metadata=md)
+    if default is MISSING:
+        return field(metadata=md)  # required
+    return field(default=default, metadata=md)
+
+
+def declared(cls: type) -> dict[str, Field[Any]]:
+    """A configuration class's options by name, in declaration order."""
+    return {f.metadata["option"]: f for f in fields(cls) if "option" in f.metadata}
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     #: Attempts before a failing occurrence goes dead (redrive grants this many again).
-    max_attempts: int = 100
+    max_attempts: int = option("max_attempts", "int", 100, within=(1, 10_000))
     #: First backoff step, seconds; attempt n waits a random time in [0, min(cap, base * 2**(n-1))].
-    base: float = 2.0
+    base: float = option("backoff_base", "duration", 2.0, within=(0.001, 86400))
     #: Longest backoff, seconds.
-    cap: float = 3600.0
+    cap: float = option("backoff_cap", "duration", 3600.0, within=(0.001, 7 * 86400))
     #: How long an occurrence is retried, seconds from its due time (or its redrive): the last
     #: try is at the end of this window; a failure after it is a dead letter.
-    retry_for: float = 86400.0
+    retry_for: float = option("retry_for", "duration", 86400.0, within=(0.001, 90 * 86400))
 
 
 @dataclass(frozen=True)
 class RetentionPolicy:
     #: Delivered, cancelled and superseded work older than this is deleted, seconds.
-    keep: float = 30 * 86400.0
+    keep: float = option("retention.keep", "duration", 30 * 86400.0, within=(0, 10 * 365 * 86400))
     #: Dead letters older than this are deleted (longer: someone may still redrive them), seconds.
-    dead_keep: float = 90 * 86400.0
+    dead_keep: float = option(
+        "retention.dead_keep", "duration", 90 * 86400.0, within=(0, 10 * 365 * 86400)
+    )
     #: Largest batch (rows per transaction); a batch that times out halves, then grows back by 10%.
-    batch_size: int = 1000
+    batch_size: int = option("retention.batch_size", "int", 1000, within=(10, 100_000))
     #: Smallest batch after repeated timeouts.
     min_batch: int = 10
     #: Pause between batches, seconds (leaves room for the hot path).
-    pause: float = 0.05
+    pause: float = option("retention.pause", "duration", 0.05, within=(0, 60))
     #: Per-batch statement timeout and lock timeout, seconds.
-    statement_timeout: float = 2.0
-    lock_timeout: float = 0.5
+    statement_timeout: float = option(
+        "retention.statement_timeout", "duration", 2.0, within=(0.01, 3600)
+    )
+    lock_timeout: float = option("retention.lock_timeout", "duration", 0.5, within=(0.001, 3600))
 
 
 @dataclass(frozen=True)
 class ChannelConfig:
     name: str
     #: ``log`` (demo: logs the delivery), ``webhook`` (HTTP POST) or ``python`` (an async callable).
-    kind: str
+    kind: str = option("kind", "str", choices=("log", "webhook", "python"))
     #: Deliveries of this channel in flight at once, per daemon.
-    concurrency: int = 16
+    concurrency: int = option("concurrency", "int", 16, within=(1, 10_000))
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # webhook
-    url: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    connect_timeout: float = 5.0
-    read_timeout: float = 10.0
-    max_response_bytes: int = 65536
-    verify_tls: bool = True
+    url: str | None = option("url", "str", None)
+    headers: Mapping[str, str] = option("headers", "headers", factory=dict, shown="`{}`")
+    connect_timeout: float = option("connect_timeout", "duration", 5.0, within=(0.01, 600))
+    read_timeout: float = option("read_timeout", "duration", 10.0, within=(0.01, 3600))
+    max_response_bytes: int = option(
+        "max_response_bytes", "int", 65536, within=(0, 64 * 1024 * 1024)
+    )
+    verify_tls: bool = option("verify_tls", "bool", True)
     #: Most one attempt may take in all (connect, send, every byte of the answer; or a python
     #: target's call), seconds; past it the attempt is a retry. Below the lease by default.
-    attempt_timeout: float = 30.0
+    attempt_timeout: float = option("attempt_timeout", "duration", 30.0, within=(0.01, 86400))
     #: How long after its due time an occurrence is still worth sending, seconds; past it the
     #: claim closes it as ``expired`` (never sent). None: always worth sending.
-    expire_after: float | None = None
+    expire_after: float | None = option("expire_after", "duration", None, within=(1, 400 * 86400))
     #: Occurrences that fired before their reminder was written or moved: ``all`` are sent,
     #: ``latest`` only the most recent one, ``none`` none.
-    catch_up: str = "all"
+    catch_up: str = option("catch_up", "str", "all", choices=("all", "latest", "none"))
     #: Deliveries per second across all daemons (a token bucket in the channel's row); None: no limit.
-    rate_limit: float | None = None
+    rate_limit: float | None = option("rate_limit", "rate", None)
     #: How many deliveries the rate limit lets through at once after a quiet spell.
-    rate_burst: float | None = None
+    rate_burst: float | None = option(
+        "rate_burst", "int", None, within=(1, 1_000_000), shown="a second's worth"
+    )
     #: Deliveries in flight (rows claimed) across all daemons at most; None: no cap.
-    global_concurrency: int | None = None
+    global_concurrency: int | None = option(
+        "global_concurrency", "int", None, within=(1, 1_000_000)
+    )
     #: Circuit breaker: failed attempts in a row (any daemon) that hold the channel; None: off.
-    breaker_after: int | None = None
+    breaker_after: int | None = option("breaker_after", "int", None, within=(1, 1_000_000))
     #: How long a tripped breaker holds the channel before one delivery probes it, seconds.
-    breaker_probe: float = 30.0
+    breaker_probe: float = option("breaker_probe", "duration", 30.0, within=(0.1, 86400))
     #: Standard Webhooks signing secrets as configured (``whsec_…``), newest first; empty:
     #: requests are not signed.
-    signing_secrets: tuple[str, ...] = ()
+    signing_secrets: tuple[str, ...] = option("signing_secret", "secrets", (), shown="—")
     # python
-    target: str | None = None
+    target: str | None = option("target", "str", None)
 
     @property
     def signing_keys(self) -> tuple[bytes, ...]:
@@ -96,152 +135,85 @@ class ChannelConfig:
 @dataclass(frozen=True)
 class Config:
     #: libpq URI or conninfo; None means: libpq environment if set, else the embedded server.
-    dsn: str | None = None
+    dsn: str | None = option("database.dsn", "str", None)
     #: Data directory of the embedded server (used only when no database is configured).
-    embedded_dir: Path = Path(".pgwork/pgdata")
-    pool_size: int = 8
+    embedded_dir: Path = option("database.embedded_dir", "path", Path(".pgwork/pgdata"))
+    pool_size: int = option("database.pool_size", "int", 8, within=(2, 200))
     #: Seconds to wait for a database connection before a pass fails (and is retried).
-    connect_timeout: float = 5.0
+    connect_timeout: float = option("database.connect_timeout", "duration", 5.0, within=(0.1, 300))
     #: ``transaction``: the DSN points at a transaction-pooling PgBouncer (no session state, no
     #: prepared statements, LISTEN only through ``listen_dsn``); ``none``: a direct connection.
-    pooler: str = "none"
+    pooler: str = option("database.pooler", "str", "none", choices=("none", "transaction"))
     #: A direct connection for LISTEN (behind a pooler); default: ``dsn`` without a pooler, none
     #: with one (then the tick is the only wake-up).
-    listen_dsn: str | None = None
-    daemon_id: str | None = None
+    listen_dsn: str | None = option("database.listen_dsn", "str", None)
+    daemon_id: str | None = option("daemon.id", "str", None, shown="host:pid:random")
     #: ``auto``: uvloop where it is installed, else asyncio; ``uvloop`` (required); ``asyncio``.
-    event_loop: str = "auto"
+    event_loop: str = option(
+        "daemon.event_loop", "str", "auto", choices=("auto", "uvloop", "asyncio")
+    )
     #: Seconds in-flight deliveries may take to finish after SIGTERM before they are cancelled.
-    shutdown_grace: float = 30.0
+    shutdown_grace: float = option("daemon.shutdown_grace", "duration", 30.0, within=(0, 3600))
     #: Materialiser: timed wake-up even without NOTIFY (the correctness floor), seconds.
-    tick: float = 5.0
+    tick: float = option("materialiser.tick", "duration", 5.0, within=(0.05, 3600))
     #: Materialiser: occurrences firing this far ahead get their work rows early, seconds.
-    lookahead: float = 300.0
+    #: (NOTIFY covers reminders firing within the next hour, schema.sql: no longer look-ahead.)
+    lookahead: float = option("materialiser.lookahead", "duration", 300.0, within=(0, 3600))
     #: Materialiser: reminders per page (one short transaction each).
-    page_size: int = 1000
+    page_size: int = option("materialiser.page_size", "int", 1000, within=(1, 100_000))
     #: Worker: how long a claim holds a row before another worker may take it, seconds.
-    lease: float = 60.0
+    lease: float = option("worker.lease", "duration", 60.0, within=(1, 86400))
     #: Worker: rows claimed per statement at most (never more than the free capacity).
-    claim_batch: int = 100
-    log_format: str = "auto"
-    log_level: str = "info"
+    claim_batch: int = option("worker.claim_batch", "int", 100, within=(1, 10_000))
+    log_format: str = option("log.format", "str", "auto", choices=("auto", "json", "text"))
+    log_level: str = option(
+        "log.level", "str", "info", choices=("debug", "info", "warning", "error")
+    )
     #: ``none`` keeps business keys and recipients in logs; ``hash`` or ``drop`` hides them.
-    log_redact: str = "none"
-    metrics_enabled: bool = True
-    metrics_listen: str = "127.0.0.1:9464"
+    log_redact: str = option("log.redact", "str", "none", choices=("none", "hash", "drop"))
+    metrics_enabled: bool = option("metrics.enabled", "bool", True)
+    metrics_listen: str = option("metrics.listen", "str", "127.0.0.1:9464")
     #: How often database-derived gauges are refreshed, seconds.
-    metrics_interval: float = 5.0
+    metrics_interval: float = option("metrics.interval", "duration", 5.0, within=(0.1, 3600))
     #: Run the retention duty inside the daemon (``pgwork cleanup`` runs it on its own).
-    retention_enabled: bool = True
+    retention_enabled: bool = option("retention.enabled", "bool", True)
     #: Optional separate DSN (e.g. a role allowed to DELETE) for retention; default: ``dsn``.
-    retention_dsn: str | None = None
+    retention_dsn: str | None = option("retention.dsn", "str", None)
     #: Seconds between retention passes.
-    retention_interval: float = 60.0
+    retention_interval: float = option("retention.interval", "duration", 60.0, within=(0.1, 86400))
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     channels: Mapping[str, ChannelConfig] = field(
         default_factory=lambda: {"log": ChannelConfig(name="log", kind="log")}
     )
     #: OpenTelemetry spans for claim -> deliver -> outcome (needs the otel extra).
-    tracing_enabled: bool = False
+    tracing_enabled: bool = option("tracing.enabled", "bool", False)
     #: Serve the web page from the daemon too (`pgwork web` serves it on its own).
-    web_enabled: bool = False
-    web_listen: str = "127.0.0.1:9465"
+    web_enabled: bool = option("web.enabled", "bool", False)
+    web_listen: str = option("web.listen", "str", "127.0.0.1:9465")
     #: The token that enables the page's actions (None: read-only).
-    web_token: str | None = None
+    web_token: str | None = option("web.token", "str", None)
     #: The channels came from the config (file or environment), not the built-in demo default:
     #: `pgwork migrate` registers them.
     channels_configured: bool = False
 
 
-# option path -> (Config field, kind). Kinds: str, int, float (duration), bool, path.
+# The top-level options, derived from the declarations above: option path -> (Config field,
+# or "retention.<RetentionPolicy field>", kind), then their choices and bounds.
+_TOP = declared(Config)
+_POLICY = declared(RetentionPolicy)
 _OPTIONS: dict[str, tuple[str, str]] = {
-    "database.dsn": ("dsn", "str"),
-    "database.embedded_dir": ("embedded_dir", "path"),
-    "database.pool_size": ("pool_size", "int"),
-    "database.connect_timeout": ("connect_timeout", "duration"),
-    "database.pooler": ("pooler", "str"),
-    "database.listen_dsn": ("listen_dsn", "str"),
-    "daemon.id": ("daemon_id", "str"),
-    "daemon.event_loop": ("event_loop", "str"),
-    "daemon.shutdown_grace": ("shutdown_grace", "duration"),
-    "materialiser.tick": ("tick", "duration"),
-    "materialiser.lookahead": ("lookahead", "duration"),
-    "materialiser.page_size": ("page_size", "int"),
-    "worker.lease": ("lease", "duration"),
-    "worker.claim_batch": ("claim_batch", "int"),
-    "log.format": ("log_format", "str"),
-    "log.level": ("log_level", "str"),
-    "log.redact": ("log_redact", "str"),
-    "metrics.enabled": ("metrics_enabled", "bool"),
-    "metrics.listen": ("metrics_listen", "str"),
-    "tracing.enabled": ("tracing_enabled", "bool"),
-    "web.enabled": ("web_enabled", "bool"),
-    "web.listen": ("web_listen", "str"),
-    "web.token": ("web_token", "str"),
-    "metrics.interval": ("metrics_interval", "duration"),
-    "retention.enabled": ("retention_enabled", "bool"),
-    "retention.dsn": ("retention_dsn", "str"),
-    "retention.interval": ("retention_interval", "duration"),
-    "retention.keep": ("retention.keep", "duration"),
-    "retention.dead_keep": ("retention.dead_keep", "duration"),
-    "retention.batch_size": ("retention.batch_size", "int"),
-    "retention.pause": ("retention.pause", "duration"),
-    "retention.statement_timeout": ("retention.statement_timeout", "duration"),
-    "retention.lock_timeout": ("retention.lock_timeout", "duration"),
+    **{o: (f.name, f.metadata["kind"]) for o, f in _TOP.items()},
+    **{o: ("retention." + f.name, f.metadata["kind"]) for o, f in _POLICY.items()},
 }
-
-_CHOICES = {
-    "database.pooler": ("none", "transaction"),
-    "daemon.event_loop": ("auto", "uvloop", "asyncio"),
-    "log.format": ("auto", "json", "text"),
-    "log.level": ("debug", "info", "warning", "error"),
-    "log.redact": ("none", "hash", "drop"),
+_CHOICES: dict[str, tuple[str, ...]] = {
+    o: f.metadata["choices"] for o, f in {**_TOP, **_POLICY}.items() if f.metadata["choices"]
 }
-
 _LIMITS: dict[str, tuple[float, float]] = {
-    "database.pool_size": (2, 200),
-    "database.connect_timeout": (0.1, 300),
-    "daemon.shutdown_grace": (0, 3600),
-    "materialiser.tick": (0.05, 3600),
-    # NOTIFY covers reminders firing within the next hour (schema.sql): no longer look-ahead.
-    "materialiser.lookahead": (0, 3600),
-    "materialiser.page_size": (1, 100_000),
-    "worker.lease": (1, 86400),
-    "worker.claim_batch": (1, 10_000),
-    "metrics.interval": (0.1, 3600),
-    "retention.interval": (0.1, 86400),
-    "retention.keep": (0, 10 * 365 * 86400),
-    "retention.dead_keep": (0, 10 * 365 * 86400),
-    "retention.batch_size": (10, 100_000),
-    "retention.pause": (0, 60),
-    "retention.statement_timeout": (0.01, 3600),
-    "retention.lock_timeout": (0.001, 3600),
+    o: f.metadata["within"] for o, f in {**_TOP, **_POLICY}.items() if f.metadata["within"]
 }
-
-_CHANNEL_KEYS = {
-    "kind",
-    "concurrency",
-    "max_attempts",
-    "backoff_base",
-    "backoff_cap",
-    "url",
-    "headers",
-    "connect_timeout",
-    "read_timeout",
-    "max_response_bytes",
-    "verify_tls",
-    "target",
-    "attempt_timeout",
-    "signing_secret",
-    "retry_for",
-    "expire_after",
-    "catch_up",
-    "rate_limit",
-    "rate_burst",
-    "global_concurrency",
-    "breaker_after",
-    "breaker_probe",
-}
+#: A channel table's keys, and their declarations (on ChannelConfig and RetryPolicy).
+_CHANNEL = {**declared(ChannelConfig), **declared(RetryPolicy)}
+_CHANNEL_KEYS = set(_CHANNEL)
 
 _RATE_UNITS = {
     "s": 1.0,
@@ -442,31 +414,36 @@ def _channel(
         raise ConfigError(
             f"{where}: channel names are lower-case letters, digits, _ and - (got {name!r})"
         )
-    kind = raw.get("kind")
-    if kind not in ("log", "webhook", "python"):
-        raise ConfigError(f"{where}.kind: must be one of log, webhook, python (got {kind!r})")
 
-    def num(key: str, kind_: str, default: Any, lo: float, hi: float) -> Any:
+    def choice(key: str, default: Any) -> Any:
+        value = raw.get(key, default)
+        allowed = _CHANNEL[key].metadata["choices"]
+        if value not in allowed:
+            raise ConfigError(f"{label(key)}: must be one of {', '.join(allowed)} (got {value!r})")
+        return value
+
+    kind = choice("kind", None)
+
+    def num(key: str) -> Any:
+        """A channel option read, bounded and defaulted as its field declares it."""
+        declared_as = _CHANNEL[key]
         if key not in raw:
-            return default
-        v = _convert(label(key), kind_, raw[key])
+            return declared_as.default
+        v = _convert(label(key), declared_as.metadata["kind"], raw[key])
+        lo, hi = declared_as.metadata["within"]
         if not lo <= v <= hi:
             raise ConfigError(f"{label(key)}: must be between {lo:g} and {hi:g} (got {raw[key]!r})")
         return v
 
     retry = RetryPolicy(
-        max_attempts=num("max_attempts", "int", 100, 1, 10_000),
-        base=num("backoff_base", "duration", 2.0, 0.001, 86400),
-        cap=num("backoff_cap", "duration", 3600.0, 0.001, 7 * 86400),
-        retry_for=num("retry_for", "duration", 86400.0, 0.001, 90 * 86400),
+        max_attempts=num("max_attempts"),
+        base=num("backoff_base"),
+        cap=num("backoff_cap"),
+        retry_for=num("retry_for"),
     )
-    catch_up = raw.get("catch_up", "all")
-    if catch_up not in ("all", "latest", "none"):
-        raise ConfigError(
-            f"{label('catch_up')}: must be one of all, latest, none (got {catch_up!r})"
-        )
+    catch_up = choice("catch_up", _CHANNEL["catch_up"].default)
     rate = parse_rate(label("rate_limit"), raw["rate_limit"]) if "rate_limit" in raw else None
-    burst = num("rate_burst", "int", None, 1, 1_000_000)
+    burst = num("rate_burst")
     if burst is not None and rate is None:
         raise ConfigError(f"{label('rate_burst')}: only with a rate_limit")
     if retry.cap < retry.base:
@@ -504,25 +481,27 @@ def _channel(
     return ChannelConfig(
         name=name,
         kind=kind,
-        concurrency=num("concurrency", "int", 16, 1, 10_000),
+        concurrency=num("concurrency"),
         retry=retry,
         url=url,
         headers=headers,
-        connect_timeout=num("connect_timeout", "duration", 5.0, 0.01, 600),
-        read_timeout=num("read_timeout", "duration", 10.0, 0.01, 3600),
-        max_response_bytes=num("max_response_bytes", "int", 65536, 0, 64 * 1024 * 1024),
-        verify_tls=_convert(f"{where}.verify_tls", "bool", raw.get("verify_tls", True)),
-        attempt_timeout=num("attempt_timeout", "duration", 30.0, 0.01, 86400),
+        connect_timeout=num("connect_timeout"),
+        read_timeout=num("read_timeout"),
+        max_response_bytes=num("max_response_bytes"),
+        verify_tls=_convert(
+            label("verify_tls"), "bool", raw.get("verify_tls", _CHANNEL["verify_tls"].default)
+        ),
+        attempt_timeout=num("attempt_timeout"),
         signing_secrets=_signing_secrets(where, raw.get("signing_secret"), env),
         target=target,
-        expire_after=num("expire_after", "duration", None, 1, 400 * 86400),
+        expire_after=num("expire_after"),
         catch_up=catch_up,
         rate_limit=rate,
         # A second's worth by default (at least one).
         rate_burst=float(burst) if burst is not None else (max(1.0, rate) if rate else None),
-        global_concurrency=num("global_concurrency", "int", None, 1, 1_000_000),
-        breaker_after=num("breaker_after", "int", None, 1, 1_000_000),
-        breaker_probe=num("breaker_probe", "duration", 30.0, 0.1, 86400),
+        global_concurrency=num("global_concurrency"),
+        breaker_after=num("breaker_after"),
+        breaker_probe=num("breaker_probe"),
     )
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import MISSING
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,3 +289,63 @@ def test_an_event_loop_that_cannot_be_had_is_a_config_error(
         eventloop.use_uvloop("uvloop")
     assert eventloop.use_uvloop("auto") is False
     assert eventloop.use_uvloop("asyncio") is False
+
+
+def _readme_options() -> dict[str, str]:
+    """The README's configuration table: option -> its default as the table writes it (a row
+    may name two options, ``a`` / ``b``, with two defaults)."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    out: dict[str, str] = {}
+    for line in section.splitlines():
+        m = re.match(r"\| (`[^|]+`) \| ([^|]+) \|", line)
+        if not m:
+            continue
+        names = re.findall(r"`([^`]+)`", m.group(1))
+        prefix = names[0].rsplit(".", 1)[0]
+        names = [names[0]] + [n if "." in n else f"{prefix}.{n}" for n in names[1:]]
+        defaults = [d.strip() for d in m.group(2).split(" / ")]
+        for name, default in zip(
+            names, defaults * len(names) if len(defaults) == 1 else defaults, strict=True
+        ):
+            out[name] = default
+    return out
+
+
+def _duration(seconds: float) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= n and seconds % n == 0 and not (unit == "d" and seconds < 2 * 86400):
+            return f"{int(seconds // n)}{unit}"
+    return f"{round(seconds * 1000)}ms"
+
+
+def _shown(f: Any) -> str:
+    """A declared option's default as the README writes it."""
+    md = f.metadata
+    if md["shown"]:
+        return str(md["shown"])
+    default = f.default
+    if default is MISSING and f.default_factory is not MISSING:
+        default = f.default_factory()
+    if default is None or default is MISSING:
+        return "—"
+    if md["kind"] == "duration":
+        return f"`{_duration(default)}`"
+    if md["kind"] == "bool":
+        return "`true`" if default else "`false`"
+    if md["kind"] == "int":
+        return str(default)
+    return f"`{default}`"
+
+
+def test_the_readme_table_is_the_declared_options() -> None:
+    """Every option is declared once, on its field (pgwork.config.option); the README's table
+    must list exactly those, with their defaults."""
+    from pgwork.config import ChannelConfig, Config, RetentionPolicy, RetryPolicy, declared
+
+    options = {
+        name: _shown(f) for name, f in {**declared(Config), **declared(RetentionPolicy)}.items()
+    }
+    for key, f in {**declared(ChannelConfig), **declared(RetryPolicy)}.items():
+        options[f"channels.NAME.{key}"] = _shown(f)
+    assert _readme_options() == options
