@@ -44,11 +44,10 @@ class DeliveryHistogram(Collector):
     """A labelled histogram for what is observed once per delivery, exposed exactly as
     prometheus_client's ``Histogram`` is (buckets, count, sum, created).
 
-    ``Histogram.observe`` walks the buckets and takes two locks: ~2.6 µs a call on this
-    machine class, and every delivery observed two (duration, lateness). Here an observation is
-    a binary search and two list updates (~0.4 µs), made only by the event loop's thread; a
-    scrape (another thread) copies a child's list in one step, so it reads buckets, count and
-    sum together."""
+    ``Histogram.observe`` walks the buckets and takes two locks, and every delivery observes
+    two (duration, lateness; bench/README.md, "Per-delivery code"). Here an observation is a binary search and two list
+    updates, made only by the event loop's thread; a scrape (another thread) copies a child's
+    list in one step, so it reads buckets, count and sum together."""
 
     def __init__(
         self,

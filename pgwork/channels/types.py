@@ -14,14 +14,15 @@ from ..store import Claimed, Occurrence
 
 T = TypeVar("T")
 
-#: The C scanner behind json.loads, without its Python wrapper (two regular-expression matches
-#: for surrounding whitespace: 2.2 of json.loads's 2.6 µs for '{}' on this machine class).
+#: The C scanner behind json.loads, without its Python wrapper's two regular-expression matches
+#: for surrounding whitespace, most of its cost for a small payload (bench/README.md,
+#: "Per-delivery code"; test_hot_path.py::test_a_payload_is_decoded_as_json_loads_decodes_it).
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class _once(Generic[T]):
     """``functools.cached_property`` without its lock: on Python 3.11 that takes an RLock on
-    every first access (2.3 µs, once per delivery). Computed on the first access and kept in the
+    every first access, once per delivery. Computed on the first access and kept in the
     instance's ``__dict__``, which later reads find first; a race can only compute it twice."""
 
     def __init__(self, fn: Callable[[Any], T]) -> None:
@@ -85,9 +86,9 @@ class Delivery(Occurrence):
         """The delivery of a claimed row (the claim loop's constructor, once per attempt).
 
         Every field is set in one step on the instance's ``__dict__``: a frozen dataclass's
-        ``__init__`` calls ``object.__setattr__`` once per field, 4.7 µs for these thirteen on
-        this machine class against 0.8 µs. The instance is the same as ``Delivery(...)`` builds
-        (a test compares them field by field)."""
+        ``__init__`` calls ``object.__setattr__`` once per field (bench/README.md, "Per-delivery
+        code"). The instance is the same as ``Delivery(...)`` builds (test_hot_path.py::
+        test_a_delivery_from_a_claimed_row_is_the_dataclass_its_fields_make)."""
         # A claimed row's reminder exists (the claim closes the others): both are there.
         assert row.recipient is not None and row.payload is not None
         d = object.__new__(cls)
@@ -151,8 +152,8 @@ class Delivered:
     http_status: int | None = None
 
 
-#: The plain answer, made once (frozen, so it can be shared): a frozen dataclass costs 1.3 µs to
-#: build on this machine class, and most deliveries of a python channel answer this.
+#: The plain answer, made once (frozen, so it can be shared): most deliveries of a python
+#: channel answer this, and building a frozen dataclass per delivery is not free.
 DELIVERED = Delivered()
 
 

@@ -100,10 +100,9 @@ def clean_delay(delay: float | None) -> float | None:
 
 @dataclass(slots=True)
 class Record:
-    """One attempt's outcome, as written to ``renewal_work`` and the attempt ledger. (Not frozen:
-    made once per attempt, and a frozen dataclass's ``__init__`` costs ~7 µs for these fields
-    on this machine class against ~1 µs. Nothing changes a record after it is made: ``cleaned``
-    and ``bare`` return new ones.)"""
+    """One attempt's outcome, as written to ``renewal_work`` and the attempt ledger. Not frozen,
+    as it is made once per attempt (the cost: bench/README.md, "Per-delivery code"); nothing changes a record after it is made:
+    ``cleaned`` and ``bare`` return new ones."""
 
     work_id: int
     lease: int
@@ -215,10 +214,11 @@ class Record:
         """The record as a JSON object for ``record_outcomes`` (absent keys are NULL); ``now`` is
         monotonic.
 
-        Written with one f-string, not ``json.dumps`` of a dict: 4.4 µs against 7.4 a delivered
-        record on this machine class. Integers, finite floats (``repr`` is JSON) and the names of
-        channels, outcomes and statuses (JSON strings made once each) go in as JSON writes them;
-        the fields most records lack are added by ``json.dumps``."""
+        Written with one f-string, not ``json.dumps`` of a dict, as it runs once per attempt
+        (bench/README.md, "Per-delivery code"): integers, finite floats (``repr`` is JSON) and the names of channels, outcomes
+        and statuses (JSON strings made once each) go in as JSON writes them; the fields most
+        records lack are added by ``json.dumps``. Guarded by
+        tests/test_hot_path.py::test_an_outcome_record_is_the_json_object_its_fields_make."""
         started, finished = now - self.started, now - self.finished
         text = (
             f'{{"work_id":{self.work_id},"lease":{self.lease},'
