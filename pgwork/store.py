@@ -169,7 +169,8 @@ class Page:
     scanned: int
     made: int
     made_due: int
-    #: Occurrences closed as expired by the channel's catch_up policy instead of sent.
+    #: Occurrences closed as expired by the channel's catch_up policy instead of sent (the
+    #: page's column name; the pass calls them ``caught_up``).
     skipped: int
     notified: int
     earliest_made: datetime | None

@@ -99,7 +99,7 @@ class Stalls:
             self.busy_since = self.busy_since if self.busy_since is not None else now
         else:
             self.busy_since = None
-            if res.skipped:
+            if res.left_locked:
                 if res.next_id != self.locked_id:
                     self.locked_id, self.locked_since = res.next_id, now
             else:
@@ -141,14 +141,15 @@ class PassResult:
     #: Seconds (database clock) from the cutoff to ``next_fire_at``; None when nothing is left.
     #: At or below zero when reminders locked by apps were skipped this pass.
     next_after_cutoff: float | None = None
-    #: The reminder ``next_fire_at`` belongs to (when skipped: the one an app holds locked).
+    #: The reminder ``next_fire_at`` belongs to (when left_locked: the one an app holds locked).
     next_id: int | None = None
     #: Occurrences closed as expired by their channel's catch_up policy (counted in ``made``).
     caught_up: int = 0
 
     @property
-    def skipped(self) -> bool:
-        """Some reminder due in this pass was locked by an app and left for the next pass."""
+    def left_locked(self) -> bool:
+        """Some reminder due in this pass was locked by an app and left for the next pass (not
+        ``Page.skipped``: occurrences a catch_up policy closed, counted in ``caught_up``)."""
         return self.next_after_cutoff is not None and self.next_after_cutoff <= 0
 
 
@@ -325,7 +326,7 @@ class Materialiser:
         m.materialiser_pass.observe(res.duration)
         if res.next_after_cutoff is None:
             return Next(self.tick, "tick")
-        if res.skipped:
+        if res.left_locked:
             # An app holds a due reminder's row lock: look again soon, without spinning.
             return Next(min(self.tick, LOCKED_RETRY), "locked")
         # Sleep until the next known occurrence enters the look-ahead window (database clock).
