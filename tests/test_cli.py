@@ -278,7 +278,7 @@ def test_the_welcome_names_a_psql_command_that_exists(
     command this pgwork was started as."""
     from types import SimpleNamespace
 
-    from pgwork import cli
+    from pgwork.cli import run
 
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True)
@@ -297,7 +297,7 @@ def test_the_welcome_names_a_psql_command_that_exists(
         monkeypatch.setattr(sys, "argv", [str(ROOT / "pgwork" / "__main__.py"), "run"])
         expected = f"`{sys.executable} -m pgwork psql`"
     server = SimpleNamespace(port=5432, data_dir=tmp_path / "data")
-    cli._print_welcome(SimpleNamespace(server=server))  # type: ignore[arg-type]
+    run._print_welcome(SimpleNamespace(server=server))  # type: ignore[arg-type]
     err = capsys.readouterr().err
     assert expected in err, err
     assert "make psql" not in err and ".venv/bin/pgwork" not in err

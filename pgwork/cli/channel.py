@@ -1,0 +1,92 @@
+"""`pgwork channel`: list, pause and resume channels."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+import psycopg
+
+from .. import db, store
+from ..config import Config
+from .common import (
+    CliError,
+    Database,
+    fmt,
+    operator_name,
+    table,
+    to_json,
+    with_conn,
+)
+
+CHANNEL_COLUMNS = [
+    "name",
+    "kind",
+    "state",
+    "claimed",
+    "next_retry_at",
+    "rate_limit",
+    "global_concurrency",
+    "catch_up",
+    "why",
+]
+
+
+def channel_row(c: store.ChannelState) -> dict[str, Any]:
+    """A channel as the list and status show it: its state in a word, and why."""
+    if c.paused:
+        state, why = (
+            "PAUSED",
+            f"{c.paused_reason or 'no reason given'} (by {c.paused_by}, {fmt(c.paused_at)})",
+        )
+    elif c.throttled:
+        state = "THROTTLED"
+        why = f"{c.throttle_reason or ''}; held {c.throttled_for_seconds or 0:.1f}s more" + (
+            f", at most {c.throttle_limit} claimed" if c.throttle_limit else ""
+        )
+    else:
+        state, why = "running", ""
+    return {**asdict(c), "state": state, "why": why}
+
+
+def cmd_channel(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+
+    async def go(conn: psycopg.AsyncConnection[Any]) -> Any:
+        await db.check_schema(conn)
+        if args.channel_cmd == "list":
+            return [channel_row(c) for c in await store.channel_states(conn)]
+        try:
+            if args.channel_cmd == "pause":
+                return await store.channel_pause(
+                    conn, channel=args.name, reason=args.reason, actor=operator_name()
+                )
+            return await store.channel_resume(conn, channel=args.name, actor=operator_name())
+        except psycopg.errors.NoDataFound:
+            raise CliError(
+                f"no channel named {args.name!r} (`pgwork channel list` shows them)", 1
+            ) from None
+
+    try:
+        got = with_conn(database.dsn, go, database.pooled)
+    finally:
+        database.close()
+    if args.channel_cmd == "list":
+        if args.json:
+            print(to_json(got))
+        else:
+            print(table(got, CHANNEL_COLUMNS) if got else "no channels registered")
+    elif args.channel_cmd == "pause":
+        print(
+            f"paused channel {args.name}: every daemon holds its work until `pgwork channel resume`"
+            if got
+            else f"channel {args.name} was already paused"
+        )
+    else:
+        print(
+            f"resumed channel {args.name}"
+            if got
+            else f"channel {args.name} was not paused or throttled"
+        )
+    return 0

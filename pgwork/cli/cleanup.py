@@ -1,0 +1,47 @@
+"""`pgwork cleanup`: one retention pass (the systemd timer runs it)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import psycopg
+
+from .. import db, store
+from ..config import Config
+from .common import (
+    CliError,
+    Database,
+    with_conn,
+)
+
+
+def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
+    from ..duties.retention import Retention
+
+    database = Database(cfg)
+    dsn = cfg.retention_dsn or database.dsn
+
+    async def go(conn: psycopg.AsyncConnection[Any]) -> str:
+        await db.check_schema(conn)
+        if args.pause or args.resume:
+            await store.retention_set_paused(conn, paused=bool(args.pause))
+            return (
+                "retention paused (every daemon stops at its next batch)"
+                if args.pause
+                else "retention resumed"
+            )
+        r = Retention(cfg.retention)
+        res = await r.run_once(conn)
+        if res.paused:
+            raise CliError("retention is paused (`pgwork cleanup --resume` resumes it)", 1)
+        return (
+            f"deleted {res.deleted} work rows and {res.ledger_deleted} ledger rows in {res.batches} batches "
+            f"({res.duration:.2f}s, longest batch {res.longest_batch * 1000:.0f} ms, {res.timeouts} timeouts)"
+        )
+
+    try:
+        print(with_conn(dsn, go, database.pooled))
+    finally:
+        database.close()
+    return 0

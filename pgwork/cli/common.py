@@ -1,0 +1,170 @@
+"""Shared by the commands: the database a command talks to (configured, or the embedded
+server), errors with exit codes, and the table and JSON printers."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+import anyio
+import psycopg
+
+from .. import db, store
+from ..config import ChannelConfig, Config, ConfigError
+from ..durations import parse_duration
+from ..embedded import LocalServer
+
+LIBPQ_ENV = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+
+
+class CliError(Exception):
+    """A one-line error for the operator; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"pgwork: {message} (see `{self.prog} --help`)\n")
+
+
+class Database:
+    """Where pgwork's database is: a DSN, the libpq environment, or the embedded server."""
+
+    def __init__(self, cfg: Config, *, start_embedded: bool = True) -> None:
+        self.server: LocalServer | None = None
+        #: Behind a transaction-pooling PgBouncer (``database.pooler``).
+        self.pooled = cfg.pooler == "transaction"
+        if cfg.dsn:
+            self.dsn, self.embedded = cfg.dsn, False
+        elif any(os.environ.get(v) for v in LIBPQ_ENV):
+            self.dsn, self.embedded = "", False
+        else:
+            self.embedded = True
+            try:
+                self.server = LocalServer(cfg.embedded_dir)
+                if start_embedded:
+                    self.server.start()
+            except OSError as e:
+                raise ConfigError(
+                    f"database.embedded_dir: cannot use {str(cfg.embedded_dir)!r} for the embedded "
+                    f"server's data: {e.strerror or e}"
+                ) from None
+            self.dsn = self.server.dsn() if self.server.port else ""
+
+    def close(self) -> None:
+        if self.server is not None and self.server.started_here:
+            self.server.stop()
+
+
+def with_conn(
+    dsn: str, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]], pooled: bool = False
+) -> Any:
+    async def main() -> Any:
+        try:
+            conn = await db.connect(dsn, timeout=5, pooled=pooled)
+        except psycopg.OperationalError as e:
+            raise CliError(
+                f"cannot connect to the database ({db.describe(dsn)}): "
+                f"{db.redact(str(e)).strip().splitlines()[0]}",
+                3,
+            ) from None
+        try:
+            return await fn(conn)
+        finally:
+            await conn.close()
+
+    return anyio.run(main)
+
+
+def migrate_schema(dsn: str, pooled: bool = False, channels: Sequence[ChannelConfig] = ()) -> str:
+    """Migrate, then register ``channels``, so that apps can schedule for them before any
+    daemon has started."""
+
+    async def go(conn: psycopg.AsyncConnection[Any]) -> str:
+        done = await db.migrate(conn)
+        if channels:
+            async with conn.transaction():
+                await store.register_channels(conn, channels)
+            done += f"; channels registered: {', '.join(c.name for c in channels)}"
+        return done
+
+    return str(with_conn(dsn, go, pooled))
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, datetime):
+        return v.isoformat(sep=" ", timespec="seconds")
+    if isinstance(v, timedelta):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def to_json(v: Any) -> str:
+    return json.dumps(v, default=fmt, indent=2)
+
+
+#: The status command counts the retention backlog up to this many rows.
+BACKLOG_COUNT_LIMIT = 100_000
+
+
+def cutoffs(cfg: Config, now: datetime) -> dict[str, datetime]:
+    return {
+        "done_before": now - timedelta(seconds=cfg.retention.keep),
+        "dead_before": now - timedelta(seconds=cfg.retention.dead_keep),
+    }
+
+
+def operator_name() -> str:
+    """Who ran a command that changes state (recorded with the change)."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def count_arg(text: str) -> int:
+    """A positive count (``--limit``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= n <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1000000 (got {n})")
+    return n
+
+
+def id_arg(text: str) -> int:
+    """A work id: a positive bigint."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a work id: {text!r}") from None
+    if not 1 <= n < 2**63:
+        raise argparse.ArgumentTypeError(f"not a work id (ids are 1 to 2^63-1): {text}")
+    return n
+
+
+def duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -1,0 +1,142 @@
+"""`pgwork dlq`: list, show and redrive dead letters."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from .. import store
+from ..config import Config
+from .common import (
+    CliError,
+    Database,
+    fmt,
+    operator_name,
+    table,
+    to_json,
+    with_conn,
+)
+
+
+def cmd_dlq(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+    try:
+        return int(_dlq(args, database.dsn, database.pooled))
+    finally:
+        database.close()
+
+
+def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
+    if args.dlq_cmd == "list":
+        older = timedelta(seconds=args.older_than) if args.older_than is not None else None
+
+        async def lst(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            got = await store.dlq_list(
+                conn,
+                channel=args.channel,
+                source=args.source,
+                older_than=older,
+                limit=args.limit,
+            )
+            return [asdict(r) for r in got]
+
+        rows = with_conn(dsn, lst, pooled)
+        if args.json:
+            print(to_json(rows))
+        elif rows:
+            print(
+                table(
+                    rows,
+                    [
+                        "id",
+                        "channel",
+                        "source",
+                        "business_key",
+                        "due_at",
+                        "attempts",
+                        "finished_at",
+                        "dead_reason",
+                    ],
+                )
+            )
+        else:
+            print("no dead letters")
+        return 0
+    if args.dlq_cmd == "show":
+
+        async def show(
+            conn: psycopg.AsyncConnection[Any],
+        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            return (
+                await store.work_get(conn, id=args.id),
+                await store.work_attempts(conn, id=args.id),
+            )
+
+        work, attempts = with_conn(dsn, show, pooled)
+        if not work:
+            raise CliError(f"no work row with id {args.id}", 1)
+        if args.json:
+            print(to_json({"work": work[0], "attempts": attempts}))
+        else:
+            for k, v in work[0].items():
+                print(f"{k:>14}: {fmt(v)}")
+            print()
+            print(
+                table(
+                    attempts,
+                    [
+                        "lease",
+                        "attempt",
+                        "outcome",
+                        "http_status",
+                        "error_class",
+                        "started_at",
+                        "daemon_id",
+                        "error",
+                    ],
+                )
+                if attempts
+                else "no attempts recorded"
+            )
+        return 0
+    # redrive
+    if not args.all and not args.ids:
+        raise CliError("dlq redrive needs work ids or --all", 2)
+    if (args.since is not None or args.reason_like is not None) and not args.all:
+        raise CliError("dlq redrive: --since and --reason-like select among --all", 2)
+    operator = operator_name()
+
+    async def redrive(conn: psycopg.AsyncConnection[Any]) -> list[store.Redriven]:
+        return await store.dlq_redrive(
+            conn,
+            all=bool(args.all),
+            ids=args.ids or [],
+            channel=args.channel,
+            operator=operator,
+            since=timedelta(seconds=args.since) if args.since is not None else None,
+            reason_like=args.reason_like,
+        )
+
+    verdicts: list[store.Redriven] = with_conn(dsn, redrive, pooled)
+    found = {r.id for r in verdicts}
+    ok = [r.id for r in verdicts if r.verdict == "ok"]
+    refused = [r for r in verdicts if r.verdict != "ok"]
+    for r in refused:
+        print(
+            f"pgwork: not redriven: work {r.id} belongs to a {r.verdict} reminder "
+            f"({'deleted' if r.verdict == 'cancelled' else 'its deadline moved'}); it must not be sent",
+            file=sys.stderr,
+        )
+    for i in args.ids or []:
+        if i not in found:
+            print(f"pgwork: not redriven: work {i} is not a dead letter", file=sys.stderr)
+    print(
+        f"redrove {len(ok)} dead letters"
+        + (f": {', '.join(map(str, ok))}" if ok and len(ok) <= 20 else "")
+    )
+    return 0 if not refused and len(found) >= len(set(args.ids or [])) else 1

@@ -1,0 +1,201 @@
+"""The parser, the command table, and how an error becomes one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+import psycopg
+
+from .. import __version__, db, logs
+from ..config import Config, ConfigError, load
+from ..embedded import EmbeddedError
+from ..secrets import Secrets
+from .channel import cmd_channel
+from .cleanup import cmd_cleanup
+from .common import CliError, Parser, count_arg, duration_arg, id_arg
+from .dlq import cmd_dlq
+from .run import cmd_migrate, cmd_psql, cmd_run
+from .status import cmd_status
+from .web import cmd_web
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
+    "run": cmd_run,
+    "migrate": cmd_migrate,
+    "psql": cmd_psql,
+    "status": cmd_status,
+    "cleanup": cmd_cleanup,
+    "web": cmd_web,
+    "dlq": cmd_dlq,
+    "channel": cmd_channel,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="pgwork", description="Postgres-backed deadline and work-queue daemon.")
+    p.add_argument("--version", action="version", version=f"pgwork {__version__}")
+    p.add_argument(
+        "--config", help="TOML config file (default: $PGWORK_CONFIG, else built-in defaults)"
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+
+    sub.add_parser(
+        "run",
+        help="run the daemon (embedded Postgres when no database is configured)",
+        description="Run every duty until SIGTERM/SIGINT. Without PGWORK_DSN or libpq "
+        "variables, starts and migrates the embedded Postgres.",
+    )
+    sub.add_parser(
+        "migrate",
+        help="install or upgrade the pgwork schema (idempotent)",
+        description="Install or upgrade the schema in one transaction; safe to run "
+        "concurrently; refuses a database newer than this pgwork.",
+    )
+    ps = sub.add_parser(
+        "psql",
+        help="open psql on pgwork's database",
+        description="Open psql on the configured (or embedded) database.",
+    )
+    ps.add_argument("psql_args", nargs="*", help="arguments for psql (e.g. -c 'SELECT 1')")
+
+    st = sub.add_parser(
+        "status",
+        help="work by state, lag, dead letters, materialiser, daemons",
+        description="Show the queue's state. Exits 1 when lag exceeds --max-lag.",
+    )
+    st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument(
+        "--max-lag",
+        type=duration_arg,
+        metavar="DURATION",
+        help="exit 1 when lag exceeds this (e.g. 5m): usable as a health check",
+    )
+
+    wb = sub.add_parser(
+        "web",
+        help="serve the operator's web page (overview, rows, dead letters; actions with web.token)",
+        description="A small read-mostly page on web.listen (default 127.0.0.1:9465). Redrive, "
+        "pause and resume need web.token (PGWORK_WEB_TOKEN); without one the page is read-only.",
+    )
+    wb.add_argument("--listen", metavar="HOST:PORT", help="overrides web.listen")
+
+    cl = sub.add_parser(
+        "cleanup",
+        help="run one retention pass (for a systemd timer), or pause/resume retention",
+        description="Delete terminal work older than retention.keep (dead letters: "
+        "retention.dead_keep) in bounded batches, then exit. Uses retention.dsn "
+        "when set (separate credentials).",
+    )
+    g = cl.add_mutually_exclusive_group()
+    g.add_argument("--once", action="store_true", help="one pass, then exit (the default)")
+    g.add_argument(
+        "--pause", action="store_true", help="pause retention everywhere, without restarts"
+    )
+    g.add_argument("--resume", action="store_true", help="resume retention")
+
+    dl = sub.add_parser(
+        "dlq",
+        help="list, show and redrive dead letters",
+        description="Dead letters: work that failed permanently or spent its attempts.",
+    )
+    dsub = dl.add_subparsers(dest="dlq_cmd", required=True, parser_class=Parser)
+    ls = dsub.add_parser(
+        "list", help="list dead letters", description="List dead letters, newest first."
+    )
+    ls.add_argument("--channel")
+    ls.add_argument("--source")
+    ls.add_argument("--older-than", type=duration_arg, metavar="DURATION")
+    ls.add_argument("--limit", type=count_arg, default=100)
+    ls.add_argument("--json", action="store_true")
+    sh = dsub.add_parser(
+        "show",
+        help="one dead letter and its attempts",
+        description="Show one work row and its attempt ledger.",
+    )
+    sh.add_argument("id", type=id_arg)
+    sh.add_argument("--json", action="store_true")
+    rd = dsub.add_parser(
+        "redrive",
+        help="give dead letters a fresh attempt budget",
+        description="Make dead letters claimable again with a fresh attempt budget and "
+        "the same operation id. Refuses work of deleted or moved reminders.",
+    )
+    rd.add_argument("ids", nargs="*", type=id_arg)
+    rd.add_argument(
+        "--all", action="store_true", help="every dead letter (with --channel: of that channel)"
+    )
+    rd.add_argument("--channel")
+    rd.add_argument(
+        "--since",
+        type=duration_arg,
+        metavar="DURATION",
+        help="with --all: only rows that went dead within this long (e.g. 2h)",
+    )
+    rd.add_argument(
+        "--reason-like",
+        metavar="PATTERN",
+        help="with --all: only rows whose dead reason matches this SQL LIKE pattern "
+        "(e.g. 'attempt budget spent%%HTTP 5%%')",
+    )
+
+    ch = sub.add_parser(
+        "channel",
+        help="list channels with their state; pause or resume one",
+        description="Channel state held in the database and honoured by every daemon: a "
+        "paused channel's work waits (nothing dropped, no attempt counted) until resumed; "
+        "the state survives restarts.",
+    )
+    csub = ch.add_subparsers(dest="channel_cmd", required=True, parser_class=Parser)
+    cls_ = csub.add_parser("list", help="channels and their state")
+    cls_.add_argument("--json", action="store_true")
+    pa = csub.add_parser("pause", help="pause a channel in every daemon")
+    pa.add_argument("name")
+    pa.add_argument("--reason", help="why (shown by status and the channel list)")
+    re_ = csub.add_parser("resume", help="resume a paused channel and lift any throttle")
+    re_.add_argument("name")
+    return p
+
+
+def _leaf(e: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups, as task groups raise."""
+    while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    return e
+
+
+def _explain(e: BaseException) -> tuple[str, int] | None:
+    """A one-line message and exit status for errors an operator can act on; None for bugs."""
+    if isinstance(e, ConfigError):
+        return f"configuration error: {e}", 2
+    if isinstance(e, db.SchemaError):
+        return str(e), 2
+    if isinstance(e, CliError):
+        return str(e), e.code
+    if isinstance(e, EmbeddedError):
+        return f"embedded postgres: {e}", 3
+    if isinstance(e, psycopg.Error):
+        return f"database error: {db.redact(str(e)).strip().splitlines()[0]}", 3
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.cmd != "psql":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.psql_args = [*extra, *args.psql_args]
+    try:
+        cfg = load(args.config)
+        logs.setup(cfg.log_format, cfg.log_level, cfg.log_redact)
+        logs.add_secrets(Secrets.from_config(cfg))
+        return COMMANDS[args.cmd](args, cfg)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        explained = _explain(_leaf(e))
+        if explained is None:
+            raise
+        print(f"pgwork: {logs.redact(explained[0])}", file=sys.stderr)
+        return explained[1]

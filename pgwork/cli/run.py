@@ -1,0 +1,106 @@
+"""`pgwork run`, `migrate` and `psql`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .. import eventloop
+from ..config import Config
+from ..embedded import EmbeddedError, wheel_bin_dir
+from .common import (
+    CliError,
+    Database,
+    migrate_schema,
+)
+
+
+def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
+    from ..daemon import Daemon
+    from ..service import serve
+
+    provider = None
+    if cfg.tracing_enabled:
+        from ..tracing import setup_sdk
+
+        provider = setup_sdk()  # before the database: a missing extra is a config error
+    database = Database(cfg)
+    try:
+        if database.embedded:
+            print(migrate_schema(database.dsn), file=sys.stderr)
+            _print_welcome(database)
+
+        async def main() -> None:
+            await serve(Daemon(cfg, database.dsn))
+
+        eventloop.run(main, cfg.event_loop)
+    finally:
+        database.close()
+        if provider is not None:
+            provider.shutdown()  # flush the spans still batched
+    return 0
+
+
+def _this_command() -> str:
+    """How the user runs this pgwork again: ``pgwork`` when that name on PATH is this program,
+    else the path it was started by, or ``python -m pgwork``."""
+    started = Path(sys.argv[0])
+    if started.name == "__main__.py":
+        return f"{sys.executable} -m pgwork"
+    found = shutil.which("pgwork")
+    if found and Path(found).resolve() == started.resolve():
+        return "pgwork"
+    return str(started)
+
+
+def _print_welcome(database: Database) -> None:
+    assert database.server is not None
+    print(
+        "\npgwork is running on the embedded Postgres "
+        f"(127.0.0.1:{database.server.port}, data in {database.server.data_dir}).\n"
+        f"Schedule a reminder from another terminal with `{_this_command()} psql`:\n\n"
+        "  INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient)\n"
+        "  VALUES ('demo', 'lease:42', now() + interval '10 seconds', 'log', 'tenant@example.com');\n\n"
+        "It is delivered by the `log` channel (a REMINDER line below) ten seconds later. Ctrl-C stops.\n",
+        file=sys.stderr,
+    )
+
+
+def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+    try:
+        configured = list(cfg.channels.values()) if cfg.channels_configured else []
+        print(migrate_schema(database.dsn, database.pooled, configured))
+    finally:
+        database.close()
+    return 0
+
+
+def cmd_psql(args: argparse.Namespace, cfg: Config) -> int:
+    database = Database(cfg)
+    try:
+        psql = shutil.which("psql")
+        if database.server is not None and database.server.psql_path().exists():
+            psql = str(database.server.psql_path())
+        if psql is None:
+            with contextlib.suppress(EmbeddedError):
+                bundled = wheel_bin_dir() / "psql"
+                psql = str(bundled) if bundled.exists() else None
+        if psql is None:
+            raise CliError("psql is not installed (apt-get install postgresql-client)", 2)
+        # The password goes to psql through its environment, never its command line (which
+        # any user can read in the process list).
+        params = conninfo_to_dict(database.dsn)
+        password = params.pop("password", None)
+        env = {**os.environ, **({"PGPASSWORD": str(password)} if password else {})}
+        dsn = make_conninfo("", **{k: v for k, v in params.items() if v is not None})
+        return subprocess.call([psql, dsn, *args.psql_args], env=env)
+    finally:
+        database.close()

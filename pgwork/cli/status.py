@@ -1,0 +1,164 @@
+"""`pgwork status`: what every daemon, channel and duty is doing, read from the database."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import psycopg
+
+from .. import db, store
+from ..config import Config
+from .channel import channel_row
+from .common import (
+    BACKLOG_COUNT_LIMIT,
+    Database,
+    cutoffs,
+    fmt,
+    table,
+    to_json,
+    with_conn,
+)
+
+
+def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
+    async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+        await db.check_schema(conn)
+        # First, and from the catalogs only: who locks pgwork's tables (the reads below would wait
+        # behind them, up to the session's lock_timeout).
+        holders = [asdict(h) for h in await store.lock_holders(conn)]
+        try:
+            return {"lock_holders": holders, **await read(conn)}
+        except psycopg.errors.LockNotAvailable:
+            return {
+                "lock_holders": holders or [asdict(h) for h in await store.lock_holders(conn)],
+                "incomplete": True,
+            }
+
+    async def read(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+        now = await store.db_now(conn)
+        # Shown as they are: rows become plain mappings for the table and JSON printers.
+        return {
+            "work": [asdict(r) for r in await store.work_states(conn)],
+            "lag": asdict(await store.lag(conn)),
+            "materialiser": asdict(await store.materialiser_state(conn)),
+            "daemons": [asdict(r) for r in await store.daemons(conn)],
+            "retention": asdict(await store.retention_state(conn)),
+            "channels": [channel_row(c) for c in await store.channel_states(conn)],
+            "retention_backlog": await store.retention_backlog(
+                conn, **cutoffs(cfg, now), limit=BACKLOG_COUNT_LIMIT
+            ),
+        }
+
+    database = Database(cfg)
+    try:
+        st = with_conn(database.dsn, go, database.pooled)
+    finally:
+        database.close()
+    holders = st["lock_holders"]
+    if st.get("incomplete"):
+        if args.json:
+            print(to_json(st))
+        else:
+            print(_lock_holders(holders))
+            print("status is incomplete: its reads waited for a lock past the lock timeout")
+        return 4
+    dead = sum(r["n"] for r in st["work"] if r["status"] == "dead")
+    lag = st["lag"]["lag_seconds"]
+    if args.json:
+        print(to_json({**st, "dead_letters": dead}))
+    else:
+        print(table(st["work"], ["channel", "status", "n"]) if st["work"] else "no work rows")
+        print(
+            f"\nlag: {lag:.3f}s   oldest ready: {st['lag']['oldest_ready_seconds']:.3f}s   "
+            f"due but not materialised: {st['lag']['unmaterialised_seconds']:.3f}s   "
+            f"dead letters: {dead}"
+        )
+        m = st["materialiser"]
+        age = m["cutoff_age_seconds"]
+        where = (
+            "never"
+            if age is None
+            else f"{age:.1f}s ago"
+            if age >= 0
+            else f"ahead by {-age:.1f}s (look-ahead)"
+        )
+        print(
+            f"materialiser: last cutoff {fmt(m['last_cutoff'])} ({where}), "
+            f"last pass {fmt(m['last_pass_at'])}, rows made in total {m['total_inserted']}"
+        )
+        held_back = [c for c in st["channels"] if c["state"] != "running" or c["next_retry_at"]]
+        if held_back:
+            print(
+                "\n" + table(held_back, ["name", "state", "claimed", "next_retry_at", "why"]) + "\n"
+            )
+        r = st["retention"]
+        backlog = st["retention_backlog"]
+        backlog_s = f"at least {backlog}" if backlog >= BACKLOG_COUNT_LIMIT else str(backlog)
+        print(
+            f"retention: {'PAUSED, ' if r['paused'] else ''}last pass {fmt(r['last_pass_at'])}, "
+            f"deleted {r['total_deleted']} in total, backlog {backlog_s}, "
+            + (
+                "nothing kept"
+                if r["oldest_terminal_age_seconds"] is None
+                else f"oldest kept {fmt(r['oldest_terminal_age_seconds'])}s"
+            )
+        )
+        if st["daemons"]:
+            shown = [
+                {
+                    **d,
+                    "state": "GONE" if d["gone"] else "running",
+                    "listener_up": "off" if d["listener_up"] is None else d["listener_up"],
+                }
+                for d in st["daemons"]
+            ]
+            print(
+                "\n"
+                + table(
+                    shown,
+                    [
+                        "id",
+                        "state",
+                        "version",
+                        "started_at",
+                        "heartbeat_age_seconds",
+                        "listener_up",
+                        "metrics_at",
+                    ],
+                )
+            )
+        else:
+            print("no daemon has registered")
+        if holders:
+            print("\n" + _lock_holders(holders))
+    if holders:
+        return 4
+    if args.max_lag is not None and lag > args.max_lag:
+        print(f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _lock_holders(holders: list[dict[str, Any]]) -> str:
+    """Who stops the daemon's statements, one line each."""
+    lines = ["LOCKED: these sessions hold locks that stop claims, outcomes or the materialiser:"]
+    for h in holders:
+        who = ", ".join(
+            x
+            for x in (
+                h["application_name"] and f"application {h['application_name']!r}",
+                h["role"] and f"role {h['role']}",
+                h["held_s"] is not None and f"in its transaction for {h['held_s']:.1f}s",
+                h["state"],
+            )
+            if x
+        )
+        lines.append(
+            f"  pid {h['pid']} ({who or 'details hidden: needs pg_read_all_stats'}): "
+            f"{h['mode']} on {h['relation']}"
+        )
+    lines.append("  (end it with SELECT pg_terminate_backend(pid), or ask its owner to commit)")
+    return "\n".join(lines)
