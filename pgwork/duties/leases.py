@@ -25,8 +25,8 @@ log = logging.getLogger("pgwork.leases")
 
 
 @dataclass
-class Held:
-    """A row this daemon holds: claimed, outcome not yet durable."""
+class Claim:
+    """A claim this daemon holds: a row claimed, its outcome not yet durable."""
 
     work_id: int
     lease: int
@@ -39,57 +39,57 @@ class Leases:
     was still running, and this daemon claimed the row again): they are two claims."""
 
     def __init__(self) -> None:
-        self.held: dict[ClaimKey, Held] = {}
+        self.claims: dict[ClaimKey, Claim] = {}
 
-    def add(self, h: Held) -> None:
-        self.held[(h.work_id, h.lease)] = h
+    def add(self, h: Claim) -> None:
+        self.claims[(h.work_id, h.lease)] = h
 
     def drop(self, key: ClaimKey) -> None:
-        self.held.pop(key, None)
+        self.claims.pop(key, None)
 
 
 async def heartbeat_step(
     pool: AsyncConnectionPool[AsyncConnection[Any]], leases: Leases, lease: float
 ) -> set[ClaimKey]:
     """Extend the lease of every claim still held; returns the (work id, lease) no longer ours."""
-    held = list(leases.held.values())
-    if not held:
+    claims = list(leases.claims.values())
+    if not claims:
         return set()
     async with pool.connection() as conn:
         rows = await store.extend_leases(
             conn,
-            work_id=[h.work_id for h in held],
-            lease_no=[h.lease for h in held],
+            work_id=[h.work_id for h in claims],
+            lease_no=[h.lease for h in claims],
             lease=timedelta(seconds=lease),
         )
     kept = {(r.id, r.lease) for r in rows}
-    lost = {(h.work_id, h.lease) for h in held} - kept
+    lost = {(h.work_id, h.lease) for h in claims} - kept
     # A claim whose outcome became durable meanwhile was dropped from `leases`; only the rest are lost.
-    return {k for k in lost if k in leases.held}
+    return {k for k in lost if k in leases.claims}
 
 
 async def release_all(
     pool: AsyncConnectionPool[AsyncConnection[Any]],
     leases: Leases,
     identity: Identity,
-    only: list[Held] | None = None,
+    only: list[Claim] | None = None,
 ) -> int:
     """Give back every row still held (or ``only`` these), without counting the attempt.
     Returns how many."""
-    held = list(leases.held.values()) if only is None else only
-    if not held:
+    claims = list(leases.claims.values()) if only is None else only
+    if not claims:
         return 0
     daemon_id, host, pid = identity
     async with pool.connection() as conn:
         rows = await store.release_leases(
             conn,
-            work_id=[h.work_id for h in held],
-            lease_no=[h.lease for h in held],
+            work_id=[h.work_id for h in claims],
+            lease_no=[h.lease for h in claims],
             daemon_id=daemon_id,
             host=host,
             pid=pid,
         )
-    for h in held:
+    for h in claims:
         leases.drop((h.work_id, h.lease))
     return len(rows)
 

@@ -28,7 +28,7 @@ from ...config import Config
 from ...supervise import Next, Supervisor
 from ...tracing import Tracer
 from ...waker import Waker, WakerGroup
-from ..leases import Held, Leases, release_all
+from ..leases import Claim, Leases, release_all
 from ..outcomes import OutcomeWriter, Record
 from .capacity import Capacity
 from .gate import Gate, GateState
@@ -303,9 +303,9 @@ class ChannelWorker:
         self._queue.clear()
         if not queued:
             return
-        held = [Held(r.id, r.lease, self.name) for r in queued]
+        claims = [Claim(r.id, r.lease, self.name) for r in queued]
         try:
-            released = await release_all(self.pool, self.leases, self.identity, held)
+            released = await release_all(self.pool, self.leases, self.identity, claims)
         except BaseException:
             self._queue.extendleft(reversed(queued))
             self.gate.changed()
@@ -398,7 +398,7 @@ class ChannelWorker:
                     },
                 )
                 continue
-            self.leases.add(Held(row.id, row.lease, self.name))
+            self.leases.add(Claim(row.id, row.lease, self.name))
             if self.lifecycle is Lifecycle.CLOSED:
                 continue  # stopping: held, and released without counting an attempt
             self._queue.append(row)
