@@ -358,8 +358,11 @@ async def test_a_claim_of_one_serves_the_sources_in_turn(
 async def test_a_rate_limited_channel_serves_a_small_app_between_a_floods_rows(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """rate_limit 10/s, burst 1: app b's one reminder, written after app a's 60, is sent second,
-    not 61st after the whole flood (4.6 s late)."""
+    """rate_limit 10/s, burst 1: app b's one reminder, written after app a's 60, is sent second
+    (or third), not 61st after the whole flood (4.6 s late). Third when the daemon's first claim
+    met the lanes between its two statements (the materialiser's first page committed in
+    between): it then takes rows from them without sending them to the back of the line, so a
+    gets one more turn (seen about once in twelve runs on PostgreSQL 15 under load)."""
     await _flood(conn, "a", 60, "now() - interval '1 minute'")
     await _flood(conn, "b", 1, "now()")
     cfg = config(replace(python_channel(), rate_limit=10.0, rate_burst=1.0))
@@ -371,7 +374,7 @@ async def test_a_rate_limited_channel_serves_a_small_app_between_a_floods_rows(
         "WHERE a.outcome = 'delivered' ORDER BY a.started_at, a.work_id",
     )
     sources = [r["source"] for r in sent]
-    assert "b" in sources[:2], sources[:5]
+    assert "b" in sources[:3], sources[:5]
 
 
 async def test_every_way_a_row_becomes_ready_makes_it_claimable_again(
