@@ -196,22 +196,34 @@ WITH gate AS MATERIALIZED (
            SELECT pgwork.tokens_now(c.rate_limit, c.rate_burst, c.tokens, c.tokens_at) AS tokens
            ) AS t
      WHERE c.name = %(channel)s
+), due_lanes AS MATERIALIZED (
+    -- claim_lock took no lane: the due lanes as this snapshot sees them, in turn order.
+    SELECT l.source, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
+      FROM pgwork.lane l
+     WHERE l.channel = %(channel)s AND l.turn_at <= now()
+       AND coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}') = '{}'
+     ORDER BY l.turn_at, l.source
+     LIMIT %(limit)s
+), free_now AS MATERIALIZED (
+    -- Those nobody holds appeared after claim_lock's snapshot (their rows committed between the
+    -- two statements): locked here and left for the next claim, which sees their rows and
+    -- turns them (served now, unturned, such a lane would get an extra turn).
+    SELECT l.source
+      FROM pgwork.lane l
+     WHERE l.channel = %(channel)s AND l.source IN (SELECT d.source FROM due_lanes d)
+       FOR UPDATE SKIP LOCKED
 ), lanes AS MATERIALIZED (
-    -- The lanes this claim serves, in turn order: those claim_lock took. When other claims
-    -- hold every lane whose turn has come (several daemons on one busy source), the same lanes
-    -- as this snapshot sees them, unlocked ("borrowed"): their rows are still taken with SKIP
+    -- The lanes this claim serves, in turn order: those claim_lock took; or, when other claims
+    -- hold every lane whose turn has come (several daemons on one busy source), those lanes as
+    -- this snapshot sees them, unlocked ("borrowed"): their rows are still taken with SKIP
     -- LOCKED, and the lanes are left for their holders to turn.
     SELECT o.source, o.n, true AS owned
       FROM unnest(coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}')::text[])
            WITH ORDINALITY AS o(source, n)
     UNION ALL
-    SELECT b.source, b.n, false
-      FROM (SELECT l.source, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
-              FROM pgwork.lane l
-             WHERE l.channel = %(channel)s AND l.turn_at <= now()
-               AND coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}') = '{}'
-             ORDER BY l.turn_at, l.source
-             LIMIT %(limit)s) AS b
+    SELECT d.source, row_number() OVER (ORDER BY d.n), false
+      FROM due_lanes d
+     WHERE d.source NOT IN (SELECT f.source FROM free_now f)
 ), reclaim AS MATERIALIZED (
     -- Rows whose lease expired (their worker died or lost its connection) come first: they
     -- are the oldest. Read through work_held, where live leases are the index's later part.
