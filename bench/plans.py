@@ -74,9 +74,11 @@ def examined(plan: Any) -> tuple[float, list[Scan]]:
 
 async def plans(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any]) -> list[Any]:
     """The statement's custom plan (as sent with ``params``) and its generic plan, executed and
-    rolled back."""
+    rolled back (claim_work after claim_lock, in its transaction, as the daemon runs it)."""
     got: list[Any] = []
     async with conn.transaction():
+        if name == "claim_work":
+            await conn.execute(Q["claim_lock"], params)
         cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q[name], params)
         row = await cur.fetchone()
         assert row is not None
@@ -87,6 +89,8 @@ async def plans(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str,
     try:
         async with conn.transaction():
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            if name == "claim_work":
+                await conn.execute(Q["claim_lock"], params)
             args = ", ".join(psycopg.sql.quote(v) for v in generic.args(params))
             cur = await conn.execute(
                 "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE plans_probe"

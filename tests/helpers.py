@@ -77,6 +77,7 @@ async def claim(
     lease: float = 30.0,
     max_attempts: int = 5,
     limit: int = 100,
+    expire_after: float | None = None,
     on: psycopg.AsyncConnection[Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Claim rows of the `test` channel by hand, as a worker of daemon `d` would (the daemon's
@@ -90,6 +91,7 @@ async def claim(
         max_attempts=max_attempts,
         lease=timedelta(seconds=lease),
         daemon_id="d",
+        expire_after=None if expire_after is None else timedelta(seconds=expire_after),
     )
     if on is not None:
         return [r._asdict() for r in await store.claim_work(on, req)]

@@ -506,18 +506,7 @@ async def test_an_expired_occurrence_stays_unsent_after_retention_and_a_move_bac
     await add(conn, "k", "now() - interval '2 hours'")
     await materialise(dsn)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-        closed = await statement(
-            c,
-            "claim_work",
-            {
-                "channel": "test",
-                "limit": 10,
-                "max_attempts": 5,
-                "lease": timedelta(seconds=30),
-                "daemon_id": "d",
-                "expire_after": timedelta(hours=1),
-            },
-        )
+        closed = await claim(dsn, limit=10, lease=30, expire_after=3600, on=c)
         assert [r["status"] for r in closed] == ["expired"]
         r = Retention(RetentionPolicy(keep=0.0, pause=0.0))
         assert (await r.run_once(c)).deleted == 1
@@ -725,16 +714,5 @@ async def test_a_redriven_row_older_than_expire_after_is_sent_not_expired(
     )
     assert redriven["verdict"] == "ok"
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-        got = await statement(
-            c,
-            "claim_work",
-            {
-                "channel": "test",
-                "limit": 10,
-                "max_attempts": 5,
-                "lease": timedelta(seconds=30),
-                "daemon_id": "d",
-                "expire_after": timedelta(hours=1),
-            },
-        )
+        got = await claim(dsn, limit=10, lease=30, expire_after=3600, on=c)
     assert [r["status"] for r in got] == ["claimed"]

@@ -508,18 +508,7 @@ async def test_heartbeat_and_outcome_flush_do_not_deadlock(
     claimed: list[dict[str, Any]] = []
     async with await db.connect(dsn) as c:
         while len(claimed) < 2000:
-            claimed += await statement(
-                c,
-                "claim_work",
-                {
-                    "channel": "test",
-                    "limit": 500,
-                    "max_attempts": 5,
-                    "lease": timedelta(seconds=60),
-                    "daemon_id": "d",
-                    "expire_after": None,
-                },
-            )
+            claimed += await claim(dsn, limit=500, lease=60, on=c)
     now = datetime.now(UTC).isoformat()
 
     async def heartbeats() -> None:
@@ -573,18 +562,7 @@ async def test_a_heartbeat_passes_over_a_row_being_written_and_still_holds_it(
         await add(conn, k)
     await materialise(dsn)
     async with await db.connect(dsn) as c:
-        held = await statement(
-            c,
-            "claim_work",
-            {
-                "channel": "test",
-                "limit": 10,
-                "max_attempts": 5,
-                "lease": timedelta(seconds=60),
-                "daemon_id": "d",
-                "expire_after": None,
-            },
-        )
+        held = await claim(dsn, limit=10, lease=60, on=c)
     assert len(held) == 3
     busy, free, taken = sorted(r["id"] for r in held)
     await conn.execute(
