@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -15,6 +16,10 @@ from .durations import parse_duration
 
 class ConfigError(Exception):
     """A configuration value is missing or wrong; the message names the option."""
+
+
+#: A channel's name: the rule of pgwork.channel's channel_name_valid constraint (schema.sql).
+CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 
 
 def option(
@@ -408,9 +413,7 @@ def _channel(
     unknown = set(raw) - _CHANNEL_KEYS
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown option")
-    import re
-
-    if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", name):
+    if not CHANNEL_NAME.fullmatch(name):
         raise ConfigError(
             f"{where}: channel names are lower-case letters, digits, _ and - (got {name!r})"
         )

@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -33,7 +32,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import __version__, store
-from .config import Config, ConfigError, listen_ports
+from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
 from .duties import gauges
 from .logs import personal_as
 
@@ -55,7 +54,6 @@ MAX_SESSIONS = 1000
 #: Longest query parameter accepted (a filter, a cursor).
 MAX_PARAM = 500
 BIGINT_MAX = 2**63 - 1
-CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 HEADERS = {
     # No script may run, whatever a page contains; styles only from the page itself.
     "Content-Security-Policy": (
