@@ -294,10 +294,10 @@ WITH gate AS MATERIALIZED (
     -- Each served lane this claim holds: when its next ready row (past what this claim takes)
     -- is due. Read by this statement's snapshot, taken after claim_lock's lock: a row made
     -- ready since then waits on that lock to wake its lane (pgwork.wake_lanes).
-    SELECT s.source,
-           pgwork.next_ready(%(channel)s, s.source,
-                             (SELECT array_agg(c.id) FROM candidate c WHERE c.source = s.source)) AS next_at
+    SELECT s.source, pgwork.next_ready(%(channel)s, s.source, t.ids) AS next_at
       FROM served s
+      LEFT JOIN (SELECT c.source, array_agg(c.id) AS ids FROM candidate c GROUP BY c.source) AS t
+        ON t.source = s.source
      WHERE s.owned
 ), turned AS (
     -- A lane with a row still due goes to the back of the line (turn_at = now), one with a
