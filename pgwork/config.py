@@ -102,6 +102,9 @@ class ChannelConfig:
         "max_response_bytes", "int", 65536, within=(0, 64 * 1024 * 1024)
     )
     verify_tls: bool = option("verify_tls", "bool", True)
+    #: PEM file of the certificate authorities a webhook receiver's certificate may be signed
+    #: by, trusted besides the system's (a private CA); None: the system's alone.
+    ca_file: str | None = option("ca_file", "str", None)
     #: Most one attempt may take in all (connect, send, every byte of the answer; or a python
     #: target's call), seconds; past it the attempt is a retry. Below the lease by default.
     attempt_timeout: float = option("attempt_timeout", "duration", 30.0, within=(0.01, 86400))
@@ -468,6 +471,9 @@ def _channel(
         headers[hk] = hv
     url = raw.get("url")
     target = raw.get("target")
+    ca_file = raw.get("ca_file")
+    if ca_file is not None:
+        _check_ca_file(label("ca_file"), ca_file, kind)
     if kind == "webhook":
         _check_url(where, url)
     elif url is not None:
@@ -494,6 +500,7 @@ def _channel(
         verify_tls=_convert(
             label("verify_tls"), "bool", raw.get("verify_tls", _CHANNEL["verify_tls"].default)
         ),
+        ca_file=ca_file,
         attempt_timeout=num("attempt_timeout"),
         signing_secrets=_signing_secrets(where, raw.get("signing_secret"), env),
         target=target,
@@ -506,6 +513,22 @@ def _channel(
         breaker_after=num("breaker_after"),
         breaker_probe=num("breaker_probe"),
     )
+
+
+def _check_ca_file(where: str, path: object, kind: str) -> None:
+    """A CA file that is not a readable PEM certificate is refused at start, not at the first
+    delivery."""
+    if kind != "webhook":
+        raise ConfigError(f"{where}: only webhook channels take a ca_file")
+    if not isinstance(path, str):
+        raise ConfigError(f"{where}: expected a path to a PEM file")
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read {path}: {e.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise ConfigError(f"{where}: {path} holds no PEM certificate")
 
 
 def _check_dsn(option: str, dsn: str, env: Mapping[str, str]) -> None:

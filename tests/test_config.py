@@ -275,6 +275,21 @@ def test_delivery_edge_options(tmp_path: Path) -> None:
     assert (p.retry.retry_for, p.retry.max_attempts) == (86400.0, 100)
 
 
+def test_a_ca_file_is_checked_at_start(tmp_path: Path) -> None:
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    hook = '[channels.h]\nkind = "webhook"\nurl = "https://h"\n'
+    cfg = load(write(tmp_path, hook + f'ca_file = "{pem}"\n'))
+    assert cfg.channels["h"].ca_file == str(pem)
+    with pytest.raises(ConfigError, match=r"channels.h.ca_file: cannot read .*nope.pem"):
+        load(write(tmp_path, hook + f'ca_file = "{tmp_path}/nope.pem"\n'))
+    (tmp_path / "empty.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match=r"channels.h.ca_file: .*empty.pem holds no PEM"):
+        load(write(tmp_path, hook + f'ca_file = "{tmp_path}/empty.pem"\n'))
+    with pytest.raises(ConfigError, match="only webhook channels take a ca_file"):
+        load(write(tmp_path, f'[channels.l]\nkind = "log"\nca_file = "{pem}"\n'))
+
+
 def test_an_event_loop_that_cannot_be_had_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -8,6 +8,7 @@ import email.utils
 import hashlib
 import hmac
 import json
+import ssl
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -78,7 +79,7 @@ class WebhookChannel:
             limit=c.concurrency,
             limit_per_host=0,
             ttl_dns_cache=self.DNS_CACHE,
-            ssl=True if c.verify_tls else False,
+            ssl=_ssl_context(c) if c.verify_tls else False,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -173,6 +174,13 @@ class WebhookChannel:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def _ssl_context(c: ChannelConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    if c.ca_file:
+        ctx.load_verify_locations(c.ca_file)
+    return ctx
 
 
 def _error_class(e: Exception) -> str:

@@ -1,0 +1,315 @@
+"""The webhook channel's HTTP edge against receivers that misbehave at the byte level: every
+guarantee the channel makes about what a receiver can do to the daemon, whichever HTTP client
+is underneath (issue 26 changed it; these tests are what the change had to keep).
+
+Each test runs a real TCP server (a thread with raw sockets, so it can send what no HTTP
+server library would) and calls :meth:`WebhookChannel.deliver` as the channel worker does."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from pgwork.channels.types import Delivered, Delivery, Failed, Retry
+from pgwork.channels.webhook import WebhookChannel
+from pgwork.config import ChannelConfig
+
+pytestmark = pytest.mark.anyio
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+Serve = Callable[[socket.socket, bytes], None]
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    """The request's bytes (head and body, by Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+class RawServer:
+    """Accepts connections on 127.0.0.1 and hands each, with its first request, to ``serve``.
+    ``closed`` is set when a connection's peer went away (the client gave up on it)."""
+
+    def __init__(self, serve: Serve, tls: tuple[Path, Path] | None = None) -> None:
+        self.serve = serve
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.closed = threading.Event()
+        self.requests: list[bytes] = []
+        self.tls = None
+        if tls is not None:
+            import ssl
+
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls.load_cert_chain(str(tls[0]), str(tls[1]))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://localhost:{self.port}/hook"
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        try:
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except OSError:
+                    return  # the client refused our certificate
+            request = _read_request(conn)
+            self.requests.append(request)
+            self.serve(conn, request)
+        except OSError:
+            self.closed.set()
+        finally:
+            conn.close()
+
+    def __enter__(self) -> RawServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def _delivery() -> Delivery:
+    now = datetime.now(UTC)
+    return Delivery(
+        work_id=1,
+        operation_id=uuid.uuid4(),
+        source="t",
+        business_key="k",
+        deadline=now,
+        occurrence=timedelta(0),
+        due_at=now,
+        channel="hook",
+        recipient="r",
+        payload_json='{"n":1}',
+        attempt=1,
+    )
+
+
+def _channel(url: str, **kw: object) -> WebhookChannel:
+    return WebhookChannel(ChannelConfig(name="hook", kind="webhook", url=url, **kw))  # type: ignore[arg-type]
+
+
+async def _deliver(ch: WebhookChannel, within: float = 10.0) -> Delivered | Retry | Failed | None:
+    """One attempt, cancelled after ``within`` seconds as the channel worker cancels an attempt
+    past ``attempt_timeout`` (None: it was cancelled)."""
+    try:
+        with anyio.move_on_after(within):
+            return await ch.deliver(_delivery())
+        return None
+    finally:
+        await ch.aclose()
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_a_redirect_is_answered_not_followed() -> None:
+    followed: list[bytes] = []
+
+    def serve(conn: socket.socket, request: bytes) -> None:
+        if request.startswith(b"GET"):
+            followed.append(request)
+        conn.sendall(
+            b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
+        )
+
+    with RawServer(serve) as srv:
+        out = await _deliver(_channel(srv.url))
+    assert isinstance(out, Failed) and out.http_status == 307
+    assert len(srv.requests) == 1 and not followed
+
+
+async def test_a_huge_body_is_read_only_up_to_max_response_bytes() -> None:
+    body = b'{"pad":"' + b"x" * (64 << 20) + b'"}'  # 64 MiB
+
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(OK_HEAD + f"Content-Length: {len(body)}\r\n\r\n".encode())
+        conn.sendall(body)
+
+    before = _rss_mb()
+    with RawServer(serve) as srv:
+        out = await _deliver(_channel(srv.url, max_response_bytes=4096))
+    assert isinstance(out, Delivered)
+    assert out.receipt["body"] == "(truncated)"
+    assert _rss_mb() - before < 48, "the body was read past the cap"
+
+
+async def test_an_endless_chunked_body_ends_at_the_cap() -> None:
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"4000\r\n" + b"y" * 0x4000 + b"\r\n"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            conn.sendall(chunk)
+
+    with RawServer(serve) as srv:
+        t0 = time.monotonic()
+        out = await _deliver(_channel(srv.url, max_response_bytes=100_000))
+        took = time.monotonic() - t0
+    assert isinstance(out, Delivered), out
+    assert took < 5
+
+
+async def test_a_compressed_body_is_not_inflated() -> None:
+    import gzip
+
+    bomb = gzip.compress(b"\0" * (64 << 20), 9)
+
+    def serve(conn: socket.socket, request: bytes) -> None:
+        head = OK_HEAD + f"Content-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n\r\n".encode()
+        conn.sendall(head + bomb)
+
+    before = _rss_mb()
+    with RawServer(serve) as srv:
+        out = await _deliver(_channel(srv.url))
+    assert isinstance(out, Delivered)
+    assert "gzip-encoded body not decoded" in out.receipt["body"]
+    assert _rss_mb() - before < 48
+    assert b"accept-encoding: identity" in srv.requests[0].lower()
+
+
+async def test_headers_that_trickle_in_are_ended_by_the_attempt_timeout() -> None:
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(200):  # one header byte per 0.1 s: never silent for read_timeout
+            conn.sendall(b"X")
+            time.sleep(0.1)
+
+    with RawServer(serve) as srv:
+        t0 = time.monotonic()
+        out = await _deliver(_channel(srv.url, read_timeout=1.0), within=2.0)
+        took = time.monotonic() - t0
+        assert srv.closed.wait(5), "the connection was left open after the attempt ended"
+    assert out is None and took < 3
+
+
+async def test_a_silent_receiver_is_a_timeout_after_read_timeout() -> None:
+    def serve(conn: socket.socket, request: bytes) -> None:
+        time.sleep(5)
+
+    with RawServer(serve) as srv:
+        t0 = time.monotonic()
+        out = await _deliver(_channel(srv.url, read_timeout=0.5))
+        took = time.monotonic() - t0
+    assert isinstance(out, Retry) and out.error_class == "Timeout", out
+    assert took < 3
+
+
+async def test_huge_headers_are_refused() -> None:
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(OK_HEAD + b"X-Big: " + b"z" * (8 << 20) + b"\r\nContent-Length: 0\r\n\r\n")
+
+    before = _rss_mb()
+    with RawServer(serve) as srv:
+        out = await _deliver(_channel(srv.url))
+    assert isinstance(out, Retry) and out.error_class == "ProtocolError", out
+    assert _rss_mb() - before < 48
+
+
+async def test_an_unreachable_receiver_is_a_connect_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    out = await _deliver(_channel(f"http://127.0.0.1:{port}/hook"))
+    assert isinstance(out, Retry) and out.error_class == "ConnectError", out
+
+
+async def test_a_receiver_that_answers_garbage_is_a_protocol_error() -> None:
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(b"\x00\x01 this is not http\r\n\r\n")
+
+    with RawServer(serve) as srv:
+        out = await _deliver(_channel(srv.url))
+    assert isinstance(out, Retry) and out.error_class == "ProtocolError", out
+
+
+# -- TLS -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A self-signed certificate for ``localhost`` (its own CA), made with the openssl tool."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    yield cert, key
+
+
+@contextmanager
+def _ok_tls(certificate: tuple[Path, Path]) -> Iterator[RawServer]:
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(OK_HEAD + b"Content-Length: 2\r\n\r\n{}")
+
+    with RawServer(serve, tls=certificate) as srv:
+        yield srv
+
+
+async def test_an_unknown_certificate_is_refused(certificate: tuple[Path, Path]) -> None:
+    with _ok_tls(certificate) as srv:
+        out = await _deliver(_channel(srv.url))
+    assert isinstance(out, Retry) and out.error_class == "TLSError", out
+
+
+async def test_a_certificate_signed_by_the_configured_ca_is_trusted(
+    certificate: tuple[Path, Path],
+) -> None:
+    with _ok_tls(certificate) as srv:
+        out = await _deliver(_channel(srv.url, ca_file=str(certificate[0])))
+        assert isinstance(out, Delivered), out
+
+
+async def test_verify_tls_off_accepts_any_certificate(certificate: tuple[Path, Path]) -> None:
+    with _ok_tls(certificate) as srv:
+        out = await _deliver(_channel(srv.url, verify_tls=False))
+        assert isinstance(out, Delivered), out
