@@ -12,6 +12,8 @@ time only the drain (no-op Python channel, attempt ledger and fencing on), then 
 enqueue-to-handler latency on an idle daemon, on a schema made again (empty tables, as the other
 rows' latency runs in a fresh database). ``PGWORK_HOOK_BATCH`` and ``PGWORK_HOOK_CONCURRENCY``
 override the claim batch and the channel concurrency (defaults: PB_BATCH and PB_WORKERS).
+``PGWORK_HOOK_SYNCHRONOUS_CLAIMS=1`` runs with ``database.synchronous_claims`` (claims durable at
+commit, as the peers' are): the side-by-side table's like-for-like pgwork row.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ async def main() -> dict[str, float]:
         assert res is not None and res.made == jobs
         enqueue = jobs / (time.perf_counter() - t0)
         await w.prepare_measure(c)
-    cfg = w.daemon_config(w.noop_channel(conc), claim_batch=batch)
+    sync = os.environ.get("PGWORK_HOOK_SYNCHRONOUS_CLAIMS", "") not in ("", "0")
+    cfg = w.daemon_config(w.noop_channel(conc), claim_batch=batch, synchronous_claims=sync)
     drained = await w.drain(dsn, cfg, jobs, w_postmaster(dsn))
     # Latency: one reminder due now, inserted by another connection, until the channel is called;
     # on empty tables, as the other rows measure theirs (each in a fresh database): the schema is
@@ -70,7 +73,10 @@ async def main() -> dict[str, float]:
         await w.migrate_with_noop(c)
     # The peer harness's rows each drop their first 10 samples (--warmup 10): so does this one.
     lat = await w.latency_samples(
-        dsn, samples, w.daemon_config(w.noop_channel(1), claim_batch=1), warmup=10
+        dsn,
+        samples,
+        w.daemon_config(w.noop_channel(1), claim_batch=1, synchronous_claims=sync),
+        warmup=10,
     )
     return {
         "drain_jobs_per_s": round(drained["jobs_per_s"], 1),

@@ -259,6 +259,7 @@ async def main(argv: list[str] | None = None) -> None:
                     "claim_work": {
                         "channel": "noop", "daemon_id": "d1", "expire_after": None,
                         "lease": timedelta(seconds=60), "limit": 100, "max_attempts": 3,
+                        "synchronous_commit": "off",
                     },
                     "next_available": {"channel": "noop"},
                     "record_outcomes": {

@@ -155,6 +155,11 @@ class Config:
     #: A direct connection for LISTEN (behind a pooler); default: ``dsn`` without a pooler, none
     #: with one (then the tick is the only wake-up).
     listen_dsn: str | None = option("database.listen_dsn", "str", None)
+    #: Claims (and the materialiser's pages that claim) commit after the WAL flush: a database
+    #: crash cannot take back a claim whose request went out, so every request that reached a
+    #: receiver has its attempt row. Off: they commit without waiting (faster; README says what
+    #: a crash may then repeat).
+    synchronous_claims: bool = option("database.synchronous_claims", "bool", False)
     daemon_id: str | None = option("daemon.id", "str", None, shown="host:pid:random")
     #: ``auto``: uvloop where it is installed, else asyncio; ``uvloop`` (required); ``asyncio``.
     event_loop: str = option(

@@ -223,7 +223,15 @@ async def materialise_page(
     }
     assert all(t.lease == params["lease"] and t.daemon_id == params["daemon_id"] for t in take)
     async with conn.cursor() as cur:
-        await cur.execute(Q["materialise_page"], params)
+        if any(t.synchronous for t in take):
+            # The page function commits without waiting for the WAL flush; a page that claims
+            # for a channel whose claims are synchronous takes that back before its commit
+            # (same transaction, same round trip).
+            async with conn.pipeline(), conn.transaction():
+                await cur.execute(Q["materialise_page"], params)
+                await conn.execute(Q["commit_synchronously"])
+        else:
+            await cur.execute(Q["materialise_page"], params)
         names = _column_names(cur)
         if names != _PAGE_COLUMNS + Claimed._fields:
             raise TypeError(f"materialise_page returns {names}, not the Page and Claimed fields")
@@ -486,6 +494,8 @@ class ClaimRequest:
     lease: timedelta
     daemon_id: str
     expire_after: timedelta | None = None
+    #: Commit the claim after the WAL flush (``database.synchronous_claims``).
+    synchronous: bool = False
 
     def params(self) -> dict[str, Any]:
         return {
@@ -495,6 +505,7 @@ class ClaimRequest:
             "lease": self.lease,
             "daemon_id": self.daemon_id,
             "expire_after": self.expire_after,
+            "synchronous_commit": "on" if self.synchronous else "off",
         }
 
 

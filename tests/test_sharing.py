@@ -451,6 +451,7 @@ async def test_lanes_that_appear_between_a_claims_statements_wait_for_the_next_c
         "lease": timedelta(seconds=30),
         "daemon_id": "d",
         "expire_after": None,
+        "synchronous_commit": "off",
     }
     async with await db.connect(dsn) as c:
         async with c.transaction():

@@ -32,6 +32,11 @@ SELECT * FROM pgwork.materialise_page(
     %(after_at)s::timestamptz, %(after_id)s::bigint, %(limit)s::integer, %(origin)s::text,
     %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text)
 
+-- name: commit_synchronously
+-- After materialise_page, in its transaction: commit after the WAL flush after all (the page
+-- claimed rows for a channel whose claims are synchronous; database.synchronous_claims).
+SELECT set_config('synchronous_commit', 'on', true)
+
 -- name: materialise_record_pass
 -- Evidence of a pass: everything firing at or before %(cutoff)s has its work row (the caller
 -- passes less than the pass's cutoff when reminders locked by apps were skipped). Committed
@@ -167,9 +172,11 @@ DELETE FROM pgwork.daemon WHERE id = %(id)s
 -- cancelled and work for a moved deadline (or a dropped remind_before entry) is superseded;
 -- neither is returned. A reclaimed lease was an attempt: it is written to the ledger, and with the
 -- budget spent the row goes dead instead of being claimed again.
--- The claim commits without waiting for the WAL flush: a claim lost in a database crash is
--- recovered like a killed worker's (the row is claimable again, the late outcome is fenced, the
--- retry carries the same idempotency key), and the next synchronous commit flushes it anyway.
+-- The claim commits without waiting for the WAL flush unless %(synchronous_commit)s is 'on'
+-- (database.synchronous_claims): a claim lost in a database crash is recovered like a killed
+-- worker's (the row is claimable again, the late outcome is fenced, the retry carries the same
+-- idempotency key, but the ledger has no row for the request that went out), and the next
+-- synchronous commit flushes it anyway.
 -- Outcomes (record_outcomes) commit synchronously: delivered is durable before it counts.
 -- The channel's row decides how many rows may be claimed (the gate): none while it is paused
 -- or throttled to a later instant; no more than its global concurrency or throttle limit minus
@@ -371,7 +378,8 @@ WITH gate AS MATERIALIZED (
 SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, u.due_at,
        u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease, u.retry_since,
        u.prev_status, u.recipient, u.payload, u.traceparent, u.tracestate
-  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, updated u
+  FROM (SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)) AS commit_mode,
+       updated u
  ORDER BY u.due_at, u.id
 
 -- name: next_available
