@@ -73,7 +73,7 @@ async def _pyreqwest(url: str, n: int) -> float:
 
     async with (
         ClientBuilder()
-        .max_connections(CONCURRENCY)
+        .pool_max_idle_per_host(CONCURRENCY)
         .follow_redirects(False)
         .gzip(False)
         .deflate(False)

@@ -296,13 +296,17 @@ async def w_webhook(ctx: Ctx) -> dict[str, float]:
             limit = n / (time.perf_counter() - t0)
         finally:
             await channel.aclose()
-        bare = await _aiohttp_bare(url, d.document_json().encode(), n, hook.concurrency)
+        body = d.document_json().encode()
+        bare = await _aiohttp_bare(url, body, n, hook.concurrency)
+        client_bare = await _client_bare(url, body, n, hook.concurrency)
         return {
             **r,
             "http_limit_per_s": limit,
             "ratio_to_http_limit": r["jobs_per_s"] / limit,
             "aiohttp_bare_per_s": bare,
             "ratio_to_aiohttp_bare": r["jobs_per_s"] / bare,
+            "client_bare_per_s": client_bare,
+            "ratio_to_client_bare": r["jobs_per_s"] / client_bare,
         }
     finally:
         proc.terminate()
@@ -326,6 +330,29 @@ async def _aiohttp_bare(url: str, body: bytes, n: int, concurrency: int) -> floa
                 left -= 1
                 async with session.post(url, data=body) as resp:
                     await resp.read()
+                    assert resp.status == 200
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(poster)
+        return n / (time.perf_counter() - t0)
+
+
+async def _client_bare(url: str, body: bytes, n: int, concurrency: int) -> float:
+    """Requests/s of a bare loop of the client the webhook channel ships (pyreqwest): one
+    client of ``concurrency`` connections, the same document and receiver, no pgwork code."""
+    from pyreqwest.client import ClientBuilder
+
+    left = n
+    async with ClientBuilder().pool_max_idle_per_host(concurrency).gzip(False).build() as client:
+
+        async def poster() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with client.post(url).body_bytes(body).build_streamed() as resp:
+                    await resp.body_reader.read(65536)
                     assert resp.status == 200
 
         t0 = time.perf_counter()

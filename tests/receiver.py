@@ -13,11 +13,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class Headers(dict[str, str]):
+    """A request's headers by name, case-insensitive as HTTP says (names are kept lower-cased:
+    pgwork's client sends them so, as HTTP/2 requires)."""
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__((k.lower(), v) for k, v in dict(items).items())
+
+    def __getitem__(self, name: str) -> str:
+        return super().__getitem__(name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.lower())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return super().get(name.lower(), default)
+
+
 @dataclass
 class Request:
     key: str
     body: dict[str, Any]
-    headers: dict[str, str]
+    headers: Headers
     at: float
     n: int  # 1 for the first request with this key
     raw: bytes = b""  # the body as sent
@@ -58,7 +75,7 @@ class Receiver:
                 key = self.headers.get("Idempotency-Key", "")
                 with receiver.lock:
                     n = 1 + sum(1 for r in receiver.requests if r.key == key)
-                    req = Request(key, json.loads(raw), dict(self.headers), time.time(), n, raw)
+                    req = Request(key, json.loads(raw), Headers(self.headers), time.time(), n, raw)
                     receiver.requests.append(req)
                     receiver.arrived.notify_all()
                 ans = receiver.script(req)

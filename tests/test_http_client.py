@@ -225,8 +225,63 @@ async def test_headers_that_trickle_in_are_ended_by_the_attempt_timeout() -> Non
         t0 = time.monotonic()
         out = await _deliver(_channel(srv.url, read_timeout=1.0), within=2.0)
         took = time.monotonic() - t0
-        assert srv.closed.wait(5), "the connection was left open after the attempt ended"
-    assert out is None and took < 3
+        closed = await anyio.to_thread.run_sync(srv.closed.wait, 5)
+        assert closed, "the connection was left open after the attempt ended"
+    # Ended by the attempt timeout (cancelled), or sooner by the client's own read timeout
+    # (reqwest bounds the whole wait for the headers by it): never left to run on.
+    assert out is None or (isinstance(out, Retry) and out.error_class == "Timeout"), out
+    assert took < 3
+
+
+async def test_a_dripping_body_is_cancelled_by_the_attempt_s_scope() -> None:
+    """The worker ends an attempt past attempt_timeout by cancelling its scope: the client must
+    let that scope see its own cancellation (pyreqwest raises a CancelledError of its own in
+    place of the one it was given; unmended, the cancellation escaped the scope and ended the
+    whole worker task)."""
+
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(OK_HEAD + b"Content-Length: 100\r\n\r\n")
+        for _ in range(100):  # a byte every 0.2 s: never silent for read_timeout
+            conn.sendall(b"x")
+            time.sleep(0.2)
+
+    with RawServer(serve) as srv:
+        t0 = time.monotonic()
+        ch = _channel(srv.url, read_timeout=2.0, attempt_timeout=1.5)
+        out = await _deliver(ch, within=0.5)
+        took = time.monotonic() - t0
+        # Closed by the attempt's deadline at the latest (the client's own copy of it).
+        closed = await anyio.to_thread.run_sync(srv.closed.wait, 5)
+        assert closed, "the connection was left open after the attempt ended"
+    assert out is None and took < 1.5
+
+
+async def test_a_cancelled_attempt_leaves_no_slot_behind() -> None:
+    """A channel of concurrency 1 whose attempt was cancelled mid-answer still sends the next
+    request (pyreqwest's max_connections kept the cancelled request's slot for good)."""
+    answered = 0
+
+    def serve(conn: socket.socket, request: bytes) -> None:
+        nonlocal answered
+        answered += 1
+        if answered > 1:
+            conn.sendall(OK_HEAD + b"Content-Length: 2\r\n\r\n{}")
+            return
+        conn.sendall(OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+        for _ in range(200):  # an endless body, a byte at a time
+            conn.sendall(b"1\r\nx\r\n")
+            time.sleep(0.1)
+
+    with RawServer(serve) as srv:
+        ch = _channel(srv.url, concurrency=1, attempt_timeout=30.0)
+        try:
+            with anyio.move_on_after(0.5):
+                await ch.deliver(_delivery())
+            with anyio.fail_after(5):
+                out = await ch.deliver(_delivery())
+        finally:
+            await ch.aclose()
+    assert isinstance(out, Delivered), out
 
 
 async def test_a_silent_receiver_is_a_timeout_after_read_timeout() -> None:
@@ -273,43 +328,48 @@ async def test_a_receiver_that_answers_garbage_is_a_protocol_error() -> None:
 
 
 @pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """A self-signed certificate for ``localhost`` (its own CA), made with the openssl tool."""
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, Path]]:
+    """A private CA and a certificate for ``localhost`` it signed, made with the openssl tool:
+    (the server's certificate, its key, the CA's certificate)."""
     d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    yield cert, key
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=pgwork test CA", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+            "-keyout", "key.pem", "-out", "leaf.csr")  # fmt: skip
+    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n")
+    openssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "cert.pem")  # fmt: skip
+    yield d / "cert.pem", d / "key.pem", d / "ca.pem"
 
 
 @contextmanager
-def _ok_tls(certificate: tuple[Path, Path]) -> Iterator[RawServer]:
+def _ok_tls(certificate: tuple[Path, Path, Path]) -> Iterator[RawServer]:
     def serve(conn: socket.socket, request: bytes) -> None:
         conn.sendall(OK_HEAD + b"Content-Length: 2\r\n\r\n{}")
 
-    with RawServer(serve, tls=certificate) as srv:
+    with RawServer(serve, tls=certificate[:2]) as srv:
         yield srv
 
 
-async def test_an_unknown_certificate_is_refused(certificate: tuple[Path, Path]) -> None:
+async def test_an_unknown_certificate_is_refused(certificate: tuple[Path, Path, Path]) -> None:
     with _ok_tls(certificate) as srv:
         out = await _deliver(_channel(srv.url))
     assert isinstance(out, Retry) and out.error_class == "TLSError", out
 
 
 async def test_a_certificate_signed_by_the_configured_ca_is_trusted(
-    certificate: tuple[Path, Path],
+    certificate: tuple[Path, Path, Path],
 ) -> None:
     with _ok_tls(certificate) as srv:
-        out = await _deliver(_channel(srv.url, ca_file=str(certificate[0])))
+        out = await _deliver(_channel(srv.url, ca_file=str(certificate[2])))
         assert isinstance(out, Delivered), out
 
 
-async def test_verify_tls_off_accepts_any_certificate(certificate: tuple[Path, Path]) -> None:
+async def test_verify_tls_off_accepts_any_certificate(certificate: tuple[Path, Path, Path]) -> None:
     with _ok_tls(certificate) as srv:
         out = await _deliver(_channel(srv.url, verify_tls=False))
         assert isinstance(out, Delivered), out

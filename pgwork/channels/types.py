@@ -186,6 +186,15 @@ class Failed:
 Outcome = Delivered | Retry | Failed
 
 
+def attempt_timed_out(channel: str, seconds: float) -> Retry:
+    """The outcome of an attempt ended by ``attempt_timeout`` (by the channel worker, or by the
+    webhook client's own copy of the deadline: the ledger reads the same either way)."""
+    return Retry(
+        error=f"attempt timed out after {seconds:g}s (channels.{channel}.attempt_timeout)",
+        error_class="AttemptTimeout",
+    )
+
+
 class Channel(Protocol):
     config: ChannelConfig
 

@@ -3,20 +3,23 @@ receiver's answer mapped to an outcome by the documented status-code table."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import email.utils
 import hashlib
 import hmac
 import json
-import ssl
+import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.exceptions import ConnectError, RequestError
+from pyreqwest.response import Response
 
 from ..config import ChannelConfig
-from .types import Delivered, Delivery, Failed, Outcome, Retry
+from .types import Delivered, Delivery, Failed, Outcome, Retry, attempt_timed_out
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -54,47 +57,60 @@ class WebhookChannel:
     other 5xx, connection errors and timeouts retry with backoff; 3xx and other 4xx fail
     permanently (dead letter).
 
-    One aiohttp session per channel, its connector sized to the channel's concurrency: a request
-    waits for a connection only when every connection is busy, never behind one slow request.
+    One HTTP client per channel (pyreqwest: Rust's reqwest and hyper, HTTP/1.1, header names
+    sent lower-cased), at most the channel's concurrency of connections, each kept alive for
+    the next request: a request waits for a connection only when every connection is busy,
+    never behind one slow request, and requests are never pipelined on one connection.
     """
 
     #: Answers that say the receiver is overloaded: they throttle the channel, not just the row.
     THROTTLING = frozenset({429, 502, 503, 504})
     #: Longest Retry-After honoured, seconds (a receiver asking for more gets this).
     MAX_RETRY_AFTER = 86400.0
-    #: How long resolved host names are kept, seconds.
-    DNS_CACHE = 60
+    #: How long an idle connection is kept for the next request, seconds.
+    IDLE_CONNECTION = 60
 
     def __init__(self, config: ChannelConfig) -> None:
         self.config = config
         assert config.url is not None
         self.url = config.url
         self._keys = config.signing_keys
-        self._session: aiohttp.ClientSession | None = None
+        self._client: Client | None = None
+        self._attempt = timedelta(seconds=config.attempt_timeout)
 
-    def _open(self) -> aiohttp.ClientSession:
-        # Made on first use: a session belongs to the event loop that runs the deliveries.
+    def _open(self) -> Client:
+        # Made on first use: a client belongs to the event loop that runs the deliveries.
         c = self.config
-        connector = aiohttp.TCPConnector(
-            limit=c.concurrency,
-            limit_per_host=0,
-            ttl_dns_cache=self.DNS_CACHE,
-            ssl=_ssl_context(c) if c.verify_tls else False,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            # The whole attempt's limit (attempt_timeout) is enforced for every channel kind by the
-            # channel worker; here only the connect and the read silences are bounded.
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=c.connect_timeout, sock_read=c.read_timeout
-            ),
+        b = (
+            ClientBuilder()
+            # No max_connections: pyreqwest's limit keeps the slot of a request cancelled
+            # mid-answer for good (tests/test_http_client.py::
+            # test_a_cancelled_attempt_leaves_no_slot_behind); the channel worker already holds
+            # at most `concurrency` deliveries in flight, and so connections in use.
+            .pool_max_idle_per_host(c.concurrency)
+            .follow_redirects(False)
             # Receivers are asked not to compress; a body compressed anyway is not inflated.
-            headers={"User-Agent": "pgwork", "Accept-Encoding": "identity", **c.headers},
-            auto_decompress=False,
-            raise_for_status=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
+            .gzip(False)
+            .deflate(False)
+            .brotli(False)
+            .zstd(False)
+            # The whole attempt's limit (attempt_timeout) is enforced for every channel kind by
+            # the channel worker; here only the connect and the read silences are bounded.
+            .connect_timeout(timedelta(seconds=c.connect_timeout))
+            .read_timeout(timedelta(seconds=c.read_timeout))
+            .pool_idle_timeout(timedelta(seconds=self.IDLE_CONNECTION))
+            .default_cookie_store(False)
+            .user_agent("pgwork")
+            .default_headers({"Accept-Encoding": "identity", **c.headers})
+            .http1_only()
         )
-        return self._session
+        if not c.verify_tls:
+            b = b.danger_accept_invalid_certs(True)
+        elif c.ca_file:
+            with open(c.ca_file, "rb") as f:
+                b = b.add_root_certificate_pem(f.read())
+        self._client = b.build()
+        return self._client
 
     def headers(self, d: Delivery, body: bytes, now: float | None = None) -> dict[str, str]:
         op = str(d.operation_id)
@@ -115,19 +131,22 @@ class WebhookChannel:
 
     async def deliver(self, d: Delivery) -> Outcome:
         body = d.document_json().encode()
-        session = self._session or self._open()
+        exchange = asyncio.ensure_future(self._exchange(self.headers(d, body), body))
         try:
-            async with session.post(
-                self.url, data=body, headers=self.headers(d, body), allow_redirects=False
-            ) as resp:
-                data = await self._read_capped(resp)
-                code = resp.status
-                encoding = resp.headers.get("Content-Encoding", "identity").lower()
-                retry_after = resp.headers.get("Retry-After")
-        except TimeoutError as e:
-            return Retry(error=f"timeout: {type(e).__name__}", error_class="Timeout")
-        except (aiohttp.ClientError, ValueError) as e:
-            return Retry(error=f"{type(e).__name__}: {e}"[:500], error_class=_error_class(e))
+            # Awaited through a shield: pyreqwest answers a cancellation with a CancelledError of
+            # its own, without the message the canceller gave, and anyio's cancel scopes know
+            # their own cancellation by that message. Unshielded, the attempt's scope
+            # (attempt_timeout, shutdown) would not catch it and the cancellation would end the
+            # whole worker task (tests/test_http_client.py::
+            # test_a_dripping_body_is_cancelled_by_the_attempt_s_scope). The shield is what the
+            # cancellation reaches; the exchange is then cancelled, which drops its connection.
+            got = await asyncio.shield(exchange)
+        except asyncio.CancelledError:
+            exchange.cancel()
+            raise
+        if isinstance(got, Retry):
+            return got
+        code, data, encoding, retry_after = got
         if encoding not in ("", "identity") and data:
             data = f"({encoding}-encoded body not decoded; {len(data)} bytes read)".encode()
         if 200 <= code < 300:
@@ -157,40 +176,83 @@ class WebhookChannel:
             )
         return Failed(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
 
-    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _exchange(
+        self, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, str, str | None] | Retry:
+        """The request and the answer: (status, at most max_response_bytes of the body as sent,
+        Content-Encoding, Retry-After), or the Retry a transport failure means."""
+        client = self._client or self._open()
+        t0 = time.monotonic()
+        request = (
+            client.post(self.url)
+            .headers(headers)
+            .body_bytes(body)
+            # The attempt's bound, the client's own as well as the worker's: a request the
+            # worker cancels is not ended by pyreqwest (its connection reads on in the client's
+            # runtime), this deadline ends it, and a request that reaches it first is a Timeout.
+            .timeout(self._attempt)
+            .build_streamed()
+        )
+        try:
+            async with request as resp:
+                data = await self._read_capped(resp)
+                encoding = (_header(resp, "Content-Encoding") or "identity").lower()
+                return resp.status, data, encoding, _header(resp, "Retry-After")
+        except TimeoutError as e:
+            if time.monotonic() - t0 >= self.config.attempt_timeout:
+                return attempt_timed_out(self.config.name, self.config.attempt_timeout)
+            return Retry(error=f"timeout: {type(e).__name__}", error_class="Timeout")
+        except RequestError as e:
+            return Retry(error=_describe(e)[:500], error_class=_error_class(e))
+
+    async def _read_capped(self, resp: Response) -> bytes:
         """At most ``max_response_bytes`` of the body as sent (Content-Encoding is not undone:
         a gzip bomb's cap counts what arrives, and nothing is inflated in memory)."""
         cap = self.config.max_response_bytes
+        reader = resp.body_reader
         chunks: list[bytes] = []
         size = 0
         while size < cap:
-            chunk = await resp.content.read(cap - size)
+            chunk = await reader.read(cap - size)
             if not chunk:
                 break
-            chunks.append(chunk)
+            chunks.append(bytes(chunk))
             size += len(chunk)
         return b"".join(chunks)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
 
 
-def _ssl_context(c: ChannelConfig) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    if c.ca_file:
-        ctx.load_verify_locations(c.ca_file)
-    return ctx
+def _header(resp: Response, name: str) -> str | None:
+    """A response header's value; None when absent or not text (a byte outside visible ASCII,
+    which the client will not decode: such a value is garbage, treated as no value)."""
+    try:
+        return resp.get_header(name)
+    except ValueError:
+        return None
 
 
-def _error_class(e: Exception) -> str:
+def _describe(e: RequestError) -> str:
+    """The error and its causes, innermost last ("ConnectError: … <- Connection refused")."""
+    causes = (e.details or {}).get("causes") or []
+    parts = [f"{type(e).__name__}: {e.message if hasattr(e, 'message') else e}"]
+    parts += [str(c.get("message", c)) for c in causes if isinstance(c, dict)]
+    return " <- ".join(dict.fromkeys(parts))
+
+
+def _error_class(e: RequestError) -> str:
     """A stable name for a transport failure (the ledger's ``error_class``; alerts may match it):
     TLSError, ConnectError (no connection made), or ProtocolError (the answer was lost or was
-    not HTTP)."""
-    if isinstance(e, aiohttp.ClientSSLError):
-        return "TLSError"
-    if isinstance(e, aiohttp.ClientConnectorError):
-        return "ConnectError"
+    not HTTP). The client has one exception for every failure to connect: the TLS ones are told
+    by their causes (rustls's words; the URL, which could hold any word, is left out)."""
+    if isinstance(e, ConnectError):
+        causes = (e.details or {}).get("causes") or []
+        words = " ".join(str(c.get("message", "")) for c in causes if isinstance(c, dict)).lower()
+        words = re.sub(r"\(https?://[^)]*\)", "", words)
+        tls = ("certificate", "tls", "handshake", "alert")
+        return "TLSError" if any(w in words for w in tls) else "ConnectError"
     return "ProtocolError"
 
 

@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from ... import store
 from ...channels import Channel, Delivered, Delivery, Retry
 from ...channels.policy import decide
-from ...channels.types import Outcome
+from ...channels.types import Outcome, attempt_timed_out
 from ...clock import Clock
 from ...config import Config
 from ...supervise import Next, Supervisor
@@ -110,6 +110,7 @@ class ChannelWorker:
         self.identity = identity
         self.daemon_id = identity.daemon_id
         self.lease = timedelta(seconds=cfg.lease)
+        self.synchronous_claims = cfg.synchronous_claims
         c = channel.config
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
         #: Configured limits that claims count (under the channel's lock, see claim_lock): the
@@ -222,6 +223,7 @@ class ChannelWorker:
             lease=self.lease,
             daemon_id=self.daemon_id,
             expire_after=self.expire_after,
+            synchronous=self.synchronous_claims,
         )
 
     async def _claim(self, limit: int) -> list[store.Claimed]:
@@ -451,15 +453,7 @@ class ChannelWorker:
                         await anyio.lowlevel.checkpoint()
             if row is not None and started is not None:
                 # Left by the reaper's cancellation: this attempt timed out.
-                self._finish(
-                    row,
-                    started,
-                    Retry(
-                        error=f"attempt timed out after {self.attempt_timeout:g}s "
-                        f"(channels.{self.name}.attempt_timeout)",
-                        error_class="AttemptTimeout",
-                    ),
-                )
+                self._finish(row, started, attempt_timed_out(self.name, self.attempt_timeout))
 
     def _start(self, row: store.Claimed) -> _Started:
         traceparent, tracestate = row.traceparent, row.tracestate
