@@ -17,8 +17,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
+
+from .workloads import _posts_per_s
 
 CONCURRENCY = 32
 BODY = (
@@ -37,19 +38,8 @@ HEADERS = {
 
 
 async def _drive(post: Callable[[], Awaitable[None]], n: int) -> float:
-    import asyncio
-
-    left = n
-
-    async def poster() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            await post()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(poster() for _ in range(CONCURRENCY)))
-    return time.perf_counter() - t0
+    """Seconds ``n`` posts take, CONCURRENCY at a time."""
+    return n / await _posts_per_s(post, n, CONCURRENCY)
 
 
 async def _aiohttp(url: str, n: int) -> float:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -314,52 +314,53 @@ async def w_webhook(ctx: Ctx) -> dict[str, float]:
         ctx.drop(name)
 
 
+async def _posts_per_s(post: Callable[[], Awaitable[None]], n: int, concurrency: int) -> float:
+    """``n`` calls of ``post``, ``concurrency`` at a time: calls per second."""
+    left = n
+
+    async def poster() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await post()
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(poster)
+    return n / (time.perf_counter() - t0)
+
+
 async def _aiohttp_bare(url: str, body: bytes, n: int, concurrency: int) -> float:
     """Requests/s of a bare aiohttp loop: one session, a connector of ``concurrency``
     connections, the same document, the same receiver, no database and no pgwork code."""
     import aiohttp
 
-    left = n
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=concurrency), auto_decompress=False
     ) as session:
 
-        async def poster() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                async with session.post(url, data=body) as resp:
-                    await resp.read()
-                    assert resp.status == 200
+        async def post() -> None:
+            async with session.post(url, data=body) as resp:
+                await resp.read()
+                assert resp.status == 200
 
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(concurrency):
-                tg.start_soon(poster)
-        return n / (time.perf_counter() - t0)
+        return await _posts_per_s(post, n, concurrency)
 
 
 async def _client_bare(url: str, body: bytes, n: int, concurrency: int) -> float:
     """Requests/s of a bare loop of the client the webhook channel ships (pyreqwest): one
-    client of ``concurrency`` connections, the same document and receiver, no pgwork code."""
+    client, ``concurrency`` requests in flight, the same document and receiver, no pgwork code."""
     from pyreqwest.client import ClientBuilder
 
-    left = n
     async with ClientBuilder().pool_max_idle_per_host(concurrency).gzip(False).build() as client:
 
-        async def poster() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                async with client.post(url).body_bytes(body).build_streamed() as resp:
-                    await resp.body_reader.read(65536)
-                    assert resp.status == 200
+        async def post() -> None:
+            async with client.post(url).body_bytes(body).build_streamed() as resp:
+                await resp.body_reader.read(65536)
+                assert resp.status == 200
 
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(concurrency):
-                tg.start_soon(poster)
-        return n / (time.perf_counter() - t0)
+        return await _posts_per_s(post, n, concurrency)
 
 
 # -- 2b. morning burst ---------------------------------------------------------------------
