@@ -24,6 +24,7 @@ from pgwork.channels import Delivery, Failed, Outcome
 
 from . import sink
 from .helpers import (
+    add,
     claim,
     config,
     count,
@@ -477,3 +478,27 @@ async def test_two_daemons_claim_from_one_busy_source_at_once(
             also = await claim(dsn, limit=100, on=second)
     assert len(got) == 100 and len(also) == 100
     assert not {r["id"] for r in got} & {r["id"] for r in also}
+
+
+async def test_a_claim_that_fails_leaves_its_connection_idle(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A claim is one round trip (BEGIN, its two statements and COMMIT in one pipeline): when a
+    statement fails, the claim rolls its transaction back itself, so the connection goes back
+    to the pool idle and the next claim on it works."""
+    from psycopg import errors
+    from psycopg.pq import TransactionStatus
+
+    await add(conn, "k")
+    await materialise(dsn)
+    # A limit in force: claim_lock locks the channel row, which another session holds.
+    await conn.execute("UPDATE pgwork.channel SET global_concurrency = 10 WHERE name = 'test'")
+    async with await db.connect(dsn) as holder, await db.connect(dsn) as c:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM pgwork.channel WHERE name = 'test' FOR UPDATE")
+        await c.execute("SET lock_timeout = '50ms'")
+        with pytest.raises(errors.LockNotAvailable):
+            await claim(dsn, on=c)
+        assert c.info.transaction_status == TransactionStatus.IDLE
+        await holder.execute("ROLLBACK")
+        assert len(await claim(dsn, on=c)) == 1
