@@ -134,7 +134,7 @@ class WebhookChannel:
 
     async def deliver(self, d: Delivery) -> Outcome:
         body = d.document_json().encode()
-        got = await self._exchange(self.headers(d, body), body)
+        got = await _GivenCancellation(self._exchange(self.headers(d, body), body))
         if isinstance(got, Retry):
             return got
         code, data, encoding, retry_after = got
