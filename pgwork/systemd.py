@@ -34,7 +34,12 @@ class Notifier:
         if self._sock is None:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            self._sock.sendto("\n".join(fields).encode(), self.address)
+            # Never blocks: a receiver that does not read (its queue holds 10 datagrams by
+            # default on Linux) must not stop the process that notifies it.
+            self._sock.sendto("\n".join(fields).encode(), socket.MSG_DONTWAIT, self.address)
+        except BlockingIOError:
+            log.warning("sd_notify dropped %s: the notify socket's queue is full", fields[0])
+            return False
         except OSError as e:
             log.warning("sd_notify failed: %s", e)
             return False

@@ -275,3 +275,28 @@ async def test_unreachable_database_log_hides_the_password(
 
 async def _logged(caplog: pytest.LogCaptureFixture) -> bool:
     return any("database unreachable" in r.getMessage() for r in caplog.records)
+
+
+def test_a_notify_socket_nobody_reads_never_blocks(tmp_path: Path) -> None:
+    """A receiver that does not read fills its queue (10 datagrams by default on Linux): later
+    notifications are dropped with a warning, not waited on (a blocking send once stopped a
+    process group's parent, whose loop is what notices its children exit)."""
+    import threading
+
+    from pgwork.systemd import Notifier
+
+    path = tmp_path / "deaf.sock"
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    deaf.bind(str(path))
+    n = Notifier({"NOTIFY_SOCKET": str(path)})
+    results: list[bool] = []
+    t = threading.Thread(target=lambda: results.extend(n.watchdog() for _ in range(50)))
+    try:
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "a notification blocked"
+        assert results[0] and not results[-1]
+    finally:
+        deaf.close()  # a blocked sender gets an error and ends
+        t.join(5)
+        n.close()
