@@ -40,11 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
-    sub.add_parser(
+    rn = sub.add_parser(
         "run",
         help="run the daemon (embedded Postgres when no database is configured)",
         description="Run every duty until SIGTERM/SIGINT. Without PGWORK_DSN or libpq "
         "variables, starts and migrates the embedded Postgres.",
+    )
+    rn.add_argument(
+        "--processes",
+        default="1",
+        metavar="N|auto",
+        help="run N daemon processes as one service (auto: one per core): one parent starts, "
+        "supervises and stops them, and speaks sd_notify for the group",
     )
     sub.add_parser(
         "migrate",

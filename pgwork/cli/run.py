@@ -24,8 +24,15 @@ from .common import (
 
 def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
     from ..daemon import Daemon
+    from ..group import process_count
     from ..service import serve
 
+    try:
+        processes = process_count(getattr(args, "processes", "1"))
+    except ValueError as e:
+        raise CliError(str(e), 2) from None
+    if processes > 1:
+        return _run_group(args, cfg, processes)
     provider = None
     if cfg.tracing_enabled:
         from ..tracing import setup_sdk
@@ -46,6 +53,22 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
         if provider is not None:
             provider.shutdown()  # flush the spans still batched
     return 0
+
+
+def _run_group(args: argparse.Namespace, cfg: Config, processes: int) -> int:
+    """The parent of ``processes`` daemons (pgwork.group): the database is resolved here (the
+    embedded server started and migrated once), the children are told where it is."""
+    from ..group import Group
+
+    database = Database(cfg)
+    try:
+        if database.embedded:
+            print(migrate_schema(database.dsn), file=sys.stderr)
+            _print_welcome(database)
+        argv = (["--config", args.config] if args.config else []) + ["run"]
+        return Group(cfg, database.dsn, processes, argv).run()
+    finally:
+        database.close()
 
 
 def _this_command() -> str:
