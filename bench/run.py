@@ -37,6 +37,7 @@ ORDER = [
     "latency",
     "webhook",
     "morning",
+    "morning_group",
     "lateness",
     "materialise",
     "retention",

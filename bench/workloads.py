@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -369,6 +371,66 @@ async def _client_bare(url: str, body: bytes, n: int, concurrency: int) -> float
 MORNING_CURVE = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
 
+async def _seed_morning(dsn: str, n: int) -> tuple[datetime, float]:
+    """``n`` reminders at one local wall-clock time in Europe/London, far enough ahead to be
+    written and materialised first: (the due instant, seconds it was ahead when written)."""
+    lead = 20.0 + n / 10_000  # time to write and materialise before the due instant
+    async with await db.connect(dsn) as c:
+        cur = await c.execute(
+            "SELECT date_trunc('second', (now() + make_interval(secs => %s)) "
+            "AT TIME ZONE 'Europe/London') AS local",
+            (lead,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        await c.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+            "SELECT 'bench', 'm' || g, %s, 'Europe/London', 'hook', 'r' FROM generate_series(1, %s) g",
+            (row[0], n),
+        )
+        cur = await c.execute(
+            "SELECT min(due_at), extract(epoch FROM min(due_at) - now()) FROM pgwork.reminder"
+        )
+        due_row = await cur.fetchone()
+        assert due_row is not None and due_row[1] > 0, "the burst was written after its due time"
+        await prepare_measure(c)
+    return due_row[0], float(due_row[1])
+
+
+async def _until_instant(dsn: str, at: datetime) -> None:
+    """Sleep until ``at`` by the database's clock."""
+    async with await db.connect(dsn) as c:
+        cur = await c.execute("SELECT extract(epoch FROM %s::timestamptz - now())", (at,))
+        left = await cur.fetchone()
+    assert left is not None
+    await anyio.sleep(max(0.0, float(left[0])))
+
+
+async def _lateness(dsn: str) -> dict[str, float]:
+    """From the ledger: seconds from each delivered row's due time to its delivery, p50 and p99,
+    and to the last one."""
+    async with await db.connect(dsn) as c:
+        cur = await c.execute(
+            "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY late), max(late) "
+            "FROM (SELECT extract(epoch FROM a.finished_at - w.due_at) AS late "
+            "FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
+            "WHERE a.outcome = 'delivered') AS x"
+        )
+        lat = await cur.fetchone()
+    assert lat is not None
+    return {"late_p50_s": float(lat[0][0]), "late_p99_s": float(lat[0][1]), "last_s": float(lat[1])}
+
+
+def _morning_hook(url: str) -> ChannelConfig:
+    return ChannelConfig(
+        name="hook",
+        kind="webhook",
+        url=url,
+        concurrency=32,
+        retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
+    )
+
+
 async def w_morning(ctx: Ctx) -> dict[str, float]:
     """Everyone's reminder at 09:00 local time: ``morning`` reminders with the same wall-clock
     due time in one zone, written ahead (the materialiser has made their rows by then, as its
@@ -379,50 +441,14 @@ async def w_morning(ctx: Ctx) -> dict[str, float]:
     proc, url = _start_receiver()
     try:
         n = ctx.sizes.morning
-        lead = 20.0 + n / 10_000  # time to write and materialise before the due instant
-        async with await db.connect(dsn) as c:
-            cur = await c.execute(
-                "SELECT date_trunc('second', (now() + make_interval(secs => %s)) "
-                "AT TIME ZONE 'Europe/London') AS local",
-                (lead,),
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            await c.execute(
-                "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
-                "SELECT 'bench', 'm' || g, %s, 'Europe/London', 'hook', 'r' FROM generate_series(1, %s) g",
-                (row[0], n),
-            )
-            cur = await c.execute(
-                "SELECT min(due_at), extract(epoch FROM min(due_at) - now()) FROM pgwork.reminder"
-            )
-            due_row = await cur.fetchone()
-            assert due_row is not None and due_row[1] > 0, (
-                "the burst was written after its due time"
-            )
-            due_at, ahead = due_row
-            await prepare_measure(c)
-        hook = ChannelConfig(
-            name="hook",
-            kind="webhook",
-            url=url,
-            concurrency=32,
-            retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
-        )
-        cfg = daemon_config(hook, lookahead=60.0, tick=1.0)
+        due_at, ahead = await _seed_morning(dsn, n)
+        cfg = daemon_config(_morning_hook(url), lookahead=60.0, tick=1.0)
         d = Daemon(cfg, dsn)
         done = d.metrics.attempts.labels("hook", "delivered")
         marks: dict[float, float] = {}
         async with anyio.create_task_group() as tg:
             await tg.start(d.run)
-            # Sleep until the due instant by the database's clock, then watch the count.
-            async with await db.connect(dsn) as c:
-                cur = await c.execute(
-                    "SELECT extract(epoch FROM %s::timestamptz - now())", (due_at,)
-                )
-                left = await cur.fetchone()
-            assert left is not None
-            await anyio.sleep(max(0.0, float(left[0])))
+            await _until_instant(dsn, due_at)
             t0 = time.perf_counter()
             with CpuMeter(ctx.postmaster) as cpu:
                 while len(marks) < len(MORNING_CURVE):
@@ -433,25 +459,81 @@ async def w_morning(ctx: Ctx) -> dict[str, float]:
                     await anyio.sleep(0.01)
             d.request_stop()
             tg.cancel_scope.deadline = anyio.current_time() + 30
-        async with await db.connect(dsn) as c:
-            cur = await c.execute(
-                "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP "
-                "(ORDER BY extract(epoch FROM a.finished_at - w.due_at)) "
-                "FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
-                "WHERE a.outcome = 'delivered'"
-            )
-            lat = await cur.fetchone()
-        assert lat is not None
+        late = await _lateness(dsn)
         return {
             "seconds": marks[1.0],
             "per_s": n / marks[1.0],
-            "written_ahead_s": float(ahead),
+            "written_ahead_s": ahead,
             **{f"t{round(q * 100)}_s": marks[q] for q in MORNING_CURVE if q < 1.0},
-            "late_p50_s": float(lat[0][0]),
-            "late_p99_s": float(lat[0][1]),
+            "late_p50_s": late["late_p50_s"],
+            "late_p99_s": late["late_p99_s"],
             **cpu.as_dict(),
         }
     finally:
+        proc.terminate()
+        proc.wait(10)
+        ctx.drop(name)
+
+
+#: Daemon processes the ``morning_group`` workload runs under one parent.
+MORNING_PROCESSES = 2
+
+
+async def w_morning_group(ctx: Ctx) -> dict[str, float]:
+    """The morning burst delivered by ``pgwork run --processes 2`` (real processes, as an
+    operator runs them) instead of one daemon in this process. Its figures come from the
+    ledger: seconds from the due instant to the last delivery, lateness p50 and p99. The
+    daemons' CPU is in ``sys_cores`` (the machine), not ``py_cores`` (this process)."""
+    name, dsn = ctx.fresh()
+    proc, url = _start_receiver()
+    group: subprocess.Popen[bytes] | None = None
+    try:
+        n = ctx.sizes.morning
+        due_at, ahead = await _seed_morning(dsn, n)
+        toml = (
+            '[materialiser]\nlookahead = "60s"\ntick = "1s"\n'
+            f"[worker]\nclaim_batch = {CLAIM_BATCH}\n[database]\npool_size = 8\n"
+            '[metrics]\nenabled = false\n[retention]\nenabled = false\n[log]\nlevel = "warning"\n'
+            f'[channels.hook]\nkind = "webhook"\nurl = "{url}"\nconcurrency = 32\n'
+            'max_attempts = 3\nbackoff_base = "100ms"\nbackoff_cap = "1s"\n'
+        )
+        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+            f.write(toml)
+        group = subprocess.Popen(
+            [sys.executable, "-m", "pgwork", "--config", f.name, "run", "--processes",
+             str(MORNING_PROCESSES)],
+            cwd=ROOT,
+            env={**os.environ, "PGWORK_DSN": dsn},
+        )  # fmt: skip
+        await _until_instant(dsn, due_at)
+        with CpuMeter(ctx.postmaster) as cpu:
+            async with await db.connect(dsn) as c:
+                while True:
+                    cur = await c.execute(
+                        "SELECT count(*) FROM pgwork.renewal_work WHERE status = 'delivered'"
+                    )
+                    got = await cur.fetchone()
+                    if got is not None and got[0] >= n:
+                        break
+                    await anyio.sleep(0.25)
+        late = await _lateness(dsn)
+        return {
+            "seconds": late["last_s"],
+            "per_s": n / late["last_s"],
+            "written_ahead_s": ahead,
+            "late_p50_s": late["late_p50_s"],
+            "late_p99_s": late["late_p99_s"],
+            "processes": float(MORNING_PROCESSES),
+            **cpu.as_dict(),
+        }
+    finally:
+        if group is not None:
+            group.send_signal(signal.SIGTERM)
+            try:
+                group.wait(30)
+            except subprocess.TimeoutExpired:
+                group.kill()
+                group.wait(10)
         proc.terminate()
         proc.wait(10)
         ctx.drop(name)
