@@ -7,6 +7,7 @@ server library would) and calls :meth:`WebhookChannel.deliver` as the channel wo
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import threading
@@ -331,6 +332,8 @@ async def test_a_receiver_that_answers_garbage_is_a_protocol_error() -> None:
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, Path]]:
     """A private CA and a certificate for ``localhost`` it signed, made with the openssl tool:
     (the server's certificate, its key, the CA's certificate)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl tool is not installed (apt-get install openssl)")
     d = tmp_path_factory.mktemp("tls")
 
     def openssl(*args: str) -> None:

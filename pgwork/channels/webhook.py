@@ -97,8 +97,9 @@ class WebhookChannel:
             .deflate(False)
             .brotli(False)
             .zstd(False)
-            # The whole attempt's limit (attempt_timeout) is enforced for every channel kind by
-            # the channel worker; here only the connect and the read silences are bounded.
+            # The connect and every read silence are bounded here; the whole attempt's limit
+            # (attempt_timeout) by the channel worker, and by each request's own deadline
+            # (see _exchange).
             .connect_timeout(timedelta(seconds=c.connect_timeout))
             .read_timeout(timedelta(seconds=c.read_timeout))
             .pool_idle_timeout(timedelta(seconds=self.IDLE_CONNECTION))
