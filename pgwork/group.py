@@ -51,6 +51,18 @@ def process_count(value: str) -> int:
     raise ValueError(f"--processes: expected a count from 1 to 256 or 'auto' (got {value!r})")
 
 
+def _die_with_parent() -> None:
+    """In the child, before it runs pgwork: SIGTERM (its graceful stop) when the parent dies,
+    however it dies (a SIGKILLed parent leaves no orphan daemons; under systemd, the unit's
+    cgroup would be stopped anyway). Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def child_env(cfg: Config, dsn: str, index: int, base: Mapping[str, str]) -> dict[str, str]:
     """The environment of child ``index``: the parent's, with the database resolved, and what
     must differ between daemons on one host (metrics port, daemon id, the web page)."""
@@ -196,7 +208,9 @@ class Group:
     def _start(self, c: Child) -> None:
         env = child_env(self.cfg, self.dsn, c.index, self.env)
         env["NOTIFY_SOCKET"] = c.address
-        c.proc = subprocess.Popen([sys.executable, "-m", "pgwork", *self.argv], env=env)
+        c.proc = subprocess.Popen(
+            [sys.executable, "-m", "pgwork", *self.argv], env=env, preexec_fn=_die_with_parent
+        )
         c.restart_at = None
         c.ready = False
         c.fed_at = time.monotonic()

@@ -154,6 +154,22 @@ async def _children_are(g: GroupProcess, check: Any) -> bool:
     return bool(check(g.children()))
 
 
+async def test_children_stop_when_the_parent_is_killed(
+    dsn: str, conn: psycopg.AsyncConnection[Any], group: Any
+) -> None:
+    g = group(dsn, 2)
+    await until(lambda: _children_are(g, lambda now: len(now) == 2), what="two children")
+    kids = g.children()
+    await until(lambda: _has(conn, kids), what="both children registered as daemons")
+    g.proc.kill()  # SIGKILL: the parent cannot pass anything on
+    g.proc.wait(10)
+    await until(lambda: _gone(kids), timeout=15, what="the children stopped after their parent")
+
+
+async def _gone(pids: set[int]) -> bool:
+    return not _alive(pids)
+
+
 async def test_a_child_that_cannot_start_stops_the_group(
     dsn: str, tmp_path: Path, group: Any
 ) -> None:
