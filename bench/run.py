@@ -38,6 +38,7 @@ ORDER = [
     "webhook",
     "morning",
     "morning_group",
+    "webhook_group",
     "lateness",
     "materialise",
     "retention",

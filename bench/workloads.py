@@ -3,6 +3,7 @@ returns its figures; the runner repeats them in interleaved rounds."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -475,8 +476,52 @@ async def w_morning(ctx: Ctx) -> dict[str, float]:
         ctx.drop(name)
 
 
-#: Daemon processes the ``morning_group`` workload runs under one parent.
-MORNING_PROCESSES = 2
+#: Daemon processes the ``*_group`` workloads run under one parent.
+GROUP_PROCESSES = 2
+
+
+@contextlib.contextmanager
+def _group(dsn: str, url: str) -> Iterator[None]:
+    """``pgwork run --processes GROUP_PROCESSES`` on ``dsn``, its webhook channel ``hook``
+    posting to ``url`` as the in-process workloads' (concurrency 32, claim batch CLAIM_BATCH);
+    stopped with SIGTERM on exit."""
+    toml = (
+        '[materialiser]\nlookahead = "60s"\ntick = "1s"\n'
+        f"[worker]\nclaim_batch = {CLAIM_BATCH}\n[database]\npool_size = 8\n"
+        '[metrics]\nenabled = false\n[retention]\nenabled = false\n[log]\nlevel = "warning"\n'
+        f'[channels.hook]\nkind = "webhook"\nurl = "{url}"\nconcurrency = 32\n'
+        'max_attempts = 3\nbackoff_base = "100ms"\nbackoff_cap = "1s"\n'
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "group.toml"
+        cfg.write_text(toml)
+        group = subprocess.Popen(
+            [sys.executable, "-m", "pgwork", "--config", str(cfg), "run", "--processes",
+             str(GROUP_PROCESSES)],
+            cwd=ROOT,
+            env={**os.environ, "PGWORK_DSN": dsn},
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            group.send_signal(signal.SIGTERM)
+            try:
+                group.wait(30)
+            except subprocess.TimeoutExpired:
+                group.kill()
+                group.wait(10)
+
+
+async def _until_delivered(dsn: str, n: int) -> None:
+    async with await db.connect(dsn) as c:
+        while True:
+            cur = await c.execute(
+                "SELECT count(*) FROM pgwork.renewal_work WHERE status = 'delivered'"
+            )
+            got = await cur.fetchone()
+            if got is not None and got[0] >= n:
+                return
+            await anyio.sleep(0.25)
 
 
 async def w_morning_group(ctx: Ctx) -> dict[str, float]:
@@ -486,36 +531,13 @@ async def w_morning_group(ctx: Ctx) -> dict[str, float]:
     daemons' CPU is in ``sys_cores`` (the machine), not ``py_cores`` (this process)."""
     name, dsn = ctx.fresh()
     proc, url = _start_receiver()
-    group: subprocess.Popen[bytes] | None = None
     try:
         n = ctx.sizes.morning
         due_at, ahead = await _seed_morning(dsn, n)
-        toml = (
-            '[materialiser]\nlookahead = "60s"\ntick = "1s"\n'
-            f"[worker]\nclaim_batch = {CLAIM_BATCH}\n[database]\npool_size = 8\n"
-            '[metrics]\nenabled = false\n[retention]\nenabled = false\n[log]\nlevel = "warning"\n'
-            f'[channels.hook]\nkind = "webhook"\nurl = "{url}"\nconcurrency = 32\n'
-            'max_attempts = 3\nbackoff_base = "100ms"\nbackoff_cap = "1s"\n'
-        )
-        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-            f.write(toml)
-        group = subprocess.Popen(
-            [sys.executable, "-m", "pgwork", "--config", f.name, "run", "--processes",
-             str(MORNING_PROCESSES)],
-            cwd=ROOT,
-            env={**os.environ, "PGWORK_DSN": dsn},
-        )  # fmt: skip
-        await _until_instant(dsn, due_at)
-        with CpuMeter(ctx.postmaster) as cpu:
-            async with await db.connect(dsn) as c:
-                while True:
-                    cur = await c.execute(
-                        "SELECT count(*) FROM pgwork.renewal_work WHERE status = 'delivered'"
-                    )
-                    got = await cur.fetchone()
-                    if got is not None and got[0] >= n:
-                        break
-                    await anyio.sleep(0.25)
+        with _group(dsn, url):
+            await _until_instant(dsn, due_at)
+            with CpuMeter(ctx.postmaster) as cpu:
+                await _until_delivered(dsn, n)
         late = await _lateness(dsn)
         return {
             "seconds": late["last_s"],
@@ -523,17 +545,39 @@ async def w_morning_group(ctx: Ctx) -> dict[str, float]:
             "written_ahead_s": ahead,
             "late_p50_s": late["late_p50_s"],
             "late_p99_s": late["late_p99_s"],
-            "processes": float(MORNING_PROCESSES),
+            "processes": float(GROUP_PROCESSES),
             **cpu.as_dict(),
         }
     finally:
-        if group is not None:
-            group.send_signal(signal.SIGTERM)
-            try:
-                group.wait(30)
-            except subprocess.TimeoutExpired:
-                group.kill()
-                group.wait(10)
+        proc.terminate()
+        proc.wait(10)
+        ctx.drop(name)
+
+
+async def w_webhook_group(ctx: Ctx) -> dict[str, float]:
+    """The webhook burn-down by ``pgwork run --processes 2``: ``webhook`` rows already due,
+    drained by the group; deliveries per second from the ledger (first attempt started to last
+    delivered), CPU of the machine in ``sys_cores``."""
+    name, dsn = ctx.fresh()
+    proc, url = _start_receiver()
+    try:
+        n = ctx.sizes.webhook
+        await seed_work(dsn, n, channel="hook")
+        with _group(dsn, url), CpuMeter(ctx.postmaster) as cpu:
+            await _until_delivered(dsn, n)
+        async with await db.connect(dsn) as c:
+            cur = await c.execute(
+                "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM pgwork.attempt"
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return {
+            "jobs_per_s": n / float(row[0]),
+            "seconds": float(row[0]),
+            "processes": float(GROUP_PROCESSES),
+            **cpu.as_dict(),
+        }
+    finally:
         proc.terminate()
         proc.wait(10)
         ctx.drop(name)
