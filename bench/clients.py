@@ -6,7 +6,7 @@ with 32 requests in flight, each client on asyncio and on uvloop.
 
 Each (client, loop) runs in a fresh process, the combinations interleaved round by round, so a
 slow minute on the machine touches every client alike. A client that is not installed is
-skipped (only aiohttp is a dependency; ``pip install pyreqwest rnet`` to compare the others).
+skipped (aiohttp and pyreqwest are dependencies; ``pip install rnet`` to compare the third).
 """
 
 from __future__ import annotations
