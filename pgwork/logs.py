@@ -55,7 +55,7 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
 
 def _fields(record: logging.LogRecord, redact_mode: str) -> dict[str, Any]:
     # A comprehension over the record's attributes: a line per attempt is the daemon's most
-    # frequent work after the delivery itself (see bench/README.md, "The log line per attempt").
+    # frequent work after the delivery itself (see bench/HISTORY.md, "The log line per attempt").
     out = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k[:1] != "_"}
     if redact_mode != "none":
         for k in PERSONAL:
