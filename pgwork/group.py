@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, listen_ports
@@ -93,7 +93,6 @@ class Child:
     restart_at: float | None = None
     backoff: float = RESTART_FIRST
     exit_code: int | None = None
-    started: list[int] = field(default_factory=list)  # pids, for the log and tests
 
 
 class Group:
@@ -214,15 +213,11 @@ class Group:
         c.restart_at = None
         c.ready = False
         c.fed_at = time.monotonic()
-        c.started.append(c.proc.pid)
         log.info("child %d started", c.index, extra={"child": c.index, "child_pid": c.proc.pid})
 
     def _read_notifications(self, wait: float) -> None:
         socks = {c.sock: c for c in self.children}
-        try:
-            readable, _, _ = select.select(list(socks), [], [], wait)
-        except InterruptedError:
-            return
+        readable, _, _ = select.select(list(socks), [], [], wait)  # a signal: retried (PEP 475)
         for s in readable:
             c = socks[s]
             try:

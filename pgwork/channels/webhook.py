@@ -262,12 +262,15 @@ def _header(resp: Response, name: str) -> str | None:
         return None
 
 
+def _causes(e: RequestError) -> list[str]:
+    """The messages of what caused ``e``, outermost first (pyreqwest's ``details``)."""
+    causes = (e.details or {}).get("causes") or []
+    return [str(c.get("message", "")) for c in causes if isinstance(c, dict)]
+
+
 def _describe(e: RequestError) -> str:
     """The error and its causes, innermost last ("ConnectError: … <- Connection refused")."""
-    causes = (e.details or {}).get("causes") or []
-    parts = [f"{type(e).__name__}: {e.message if hasattr(e, 'message') else e}"]
-    parts += [str(c.get("message", c)) for c in causes if isinstance(c, dict)]
-    return " <- ".join(dict.fromkeys(parts))
+    return " <- ".join(dict.fromkeys([f"{type(e).__name__}: {e.message}", *_causes(e)]))
 
 
 def _error_class(e: RequestError) -> str:
@@ -276,9 +279,7 @@ def _error_class(e: RequestError) -> str:
     not HTTP). The client has one exception for every failure to connect: the TLS ones are told
     by their causes (rustls's words; the URL, which could hold any word, is left out)."""
     if isinstance(e, ConnectError):
-        causes = (e.details or {}).get("causes") or []
-        words = " ".join(str(c.get("message", "")) for c in causes if isinstance(c, dict)).lower()
-        words = re.sub(r"\(https?://[^)]*\)", "", words)
+        words = re.sub(r"\(https?://[^)]*\)", "", " ".join(_causes(e)).lower())
         tls = ("certificate", "tls", "handshake", "alert")
         return "TLSError" if any(w in words for w in tls) else "ConnectError"
     return "ProtocolError"
