@@ -3,6 +3,7 @@ letters, concurrency limits and the two-stage stop. Real Postgres, real daemon c
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -285,6 +286,41 @@ async def test_fencing_refuses_a_late_outcome(dsn: str, conn: psycopg.AsyncConne
     ledger = await rows(conn, "SELECT lease, outcome, error FROM pgwork.attempt ORDER BY lease")
     assert [(x["lease"], x["outcome"]) for x in ledger] == [(1, "fenced"), (2, "delivered")]
     assert ledger[0]["error"].startswith("late outcome failed")
+
+
+async def test_a_claim_lost_with_a_crash_does_not_hide_its_successor_s_outcome(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A claim committed asynchronously can vanish in a database crash while its request is
+    out: the row is claimed again under the same lease number. When the first claim's late
+    outcome is fenced before the second claim's outcome lands, the ledger must still say the
+    occurrence was delivered (seen in tests/test_crash.py's asynchronous case, by chance)."""
+    await add(conn, "k")
+    await materialise(dsn)
+    (first,) = await claim(dsn, lease=30)
+    # What the crash leaves: the claim never happened.
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'ready', lease = 0, attempts = 0, "
+        "available_at = now(), claimed_at = NULL, claimed_by = NULL WHERE id = %s",
+        [first["id"]],
+    )
+
+    def outcome(status: str) -> dict[str, Any]:
+        rec = {"work_id": first["id"], "lease": 1, "attempt": 1, "outcome": status}
+        rec["status"] = status
+        return {"outcomes": json.dumps([rec]), "daemon_id": "d", "host": "h", "pid": 1}
+
+    async with await db.connect(dsn) as c:
+        # The lost claim's answer comes back: refused, the row is not claimed.
+        fenced = await statement(c, "record_outcomes", outcome("delivered"))
+        assert [r["fenced_id"] for r in fenced] == [first["id"]]
+        (second,) = await claim(dsn, lease=30)
+        assert second["lease"] == 1
+        assert await statement(c, "record_outcomes", outcome("delivered")) == []
+    (w,) = await work(conn)
+    assert (w["status"], w["lease"]) == ("delivered", 1)
+    ledger = await rows(conn, "SELECT lease, outcome FROM pgwork.attempt")
+    assert [(x["lease"], x["outcome"]) for x in ledger] == [(1, "delivered")]
 
 
 async def test_concurrency_limit_per_channel(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:

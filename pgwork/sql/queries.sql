@@ -543,7 +543,11 @@ WITH o AS (
        SET outcome = excluded.outcome, finished_at = excluded.finished_at, http_status = excluded.http_status,
            error_class = excluded.error_class, error = excluded.error, receipt = excluded.receipt,
            retry_at = excluded.retry_at
-     WHERE a.outcome = 'lease_expired'
+     -- An applied outcome also replaces a fenced one of the same lease number: that can only be
+     -- a claim lost with a database crash (committed asynchronously, then claimed again under
+     -- the same number), whose late answer was refused first. The ledger then shows the claim
+     -- that holds the row, as it would had the answers come the other way round.
+     WHERE a.outcome = 'lease_expired' OR (a.outcome = 'fenced' AND excluded.outcome <> 'fenced')
 )
 SELECT j.work_id AS fenced_id, j.lease, j.already FROM judged j WHERE NOT j.applied
 
