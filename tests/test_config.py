@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import MISSING
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -178,6 +176,11 @@ backoff_base = "500ms"
             "channels.x.breaker_probe: must be between",
         ),
         (
+            '[channels.x]\nkind = "webhook"\nurl = "http://h/"\nheaders = "X-Key: 1"',
+            {},
+            "channels.x.headers: expected a table of header names to values",
+        ),
+        (
             '[channels.x]\nkind = "log"',
             {"PGWORK_CHANNELS_X_RATE_LIMIT": "lots"},
             "channels.x.rate_limit (from PGWORK_CHANNELS_X_RATE_LIMIT)",
@@ -306,61 +309,41 @@ def test_an_event_loop_that_cannot_be_had_is_a_config_error(
     assert eventloop.use_uvloop("asyncio") is False
 
 
-def _readme_options() -> dict[str, str]:
-    """The README's configuration table: option -> its default as the table writes it (a row
-    may name two options, ``a`` / ``b``, with two defaults)."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    out: dict[str, str] = {}
-    for line in section.splitlines():
-        m = re.match(r"\| (`[^|]+`) \| ([^|]+) \|", line)
-        if not m:
-            continue
-        names = re.findall(r"`([^`]+)`", m.group(1))
-        prefix = names[0].rsplit(".", 1)[0]
-        names = [names[0]] + [n if "." in n else f"{prefix}.{n}" for n in names[1:]]
-        defaults = [d.strip() for d in m.group(2).split(" / ")]
-        for name, default in zip(
-            names, defaults * len(names) if len(defaults) == 1 else defaults, strict=True
-        ):
-            out[name] = default
-    return out
+def test_the_configuration_reference_is_generated_from_the_declarations() -> None:
+    """docs/configuration.md's table is what ``python -m pgwork.reference`` writes from the
+    options' declarations (pgwork.config.option): a new or changed option fails here until the
+    page is regenerated."""
+    from pgwork import reference
+
+    assert reference.main(["--check"]) == 0
 
 
-def _duration(seconds: float) -> str:
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= n and seconds % n == 0 and not (unit == "d" and seconds < 2 * 86400):
-            return f"{int(seconds // n)}{unit}"
-    return f"{round(seconds * 1000)}ms"
+def _documented() -> list[str]:
+    """The option names docs/configuration.md's table lists."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    return re.findall(r"^\| `([a-zA-Z_.]+)` \|", text, flags=re.M)
 
 
-def _shown(f: Any) -> str:
-    """A declared option's default as the README writes it."""
-    md = f.metadata
-    if md["shown"]:
-        return str(md["shown"])
-    default = f.default
-    if default is MISSING and f.default_factory is not MISSING:
-        default = f.default_factory()
-    if default is None or default is MISSING:
-        return "—"
-    if md["kind"] == "duration":
-        return f"`{_duration(default)}`"
-    if md["kind"] == "bool":
-        return "`true`" if default else "`false`"
-    if md["kind"] == "int":
-        return str(default)
-    return f"`{default}`"
+@pytest.mark.parametrize("name", _documented())
+def test_every_documented_option_is_one_the_loader_takes(tmp_path: Path, name: str) -> None:
+    """Each option the reference lists is read by ``load`` (a wrong value may be refused, never
+    as unknown), and a name it does not list is refused as unknown."""
+    for option, known in ((name, True), (name + "_typo", False)):
+        *path, key = option.split(".")
+        if path[0] == "channels":
+            text = f'[channels.c]\nkind = "webhook"\nurl = "http://127.0.0.1:9/"\n{key} = "?"\n'
+        else:
+            text = f'[{".".join(path)}]\n{key} = "?"\n'
+        try:
+            load(write(tmp_path, text), env={})
+        except ConfigError as e:
+            assert ("unknown" not in str(e)) == known, (option, str(e))
+        else:
+            assert known, option
 
 
-def test_the_readme_table_is_the_declared_options() -> None:
-    """Every option is declared once, on its field (pgwork.config.option); the README's table
-    must list exactly those, with their defaults."""
-    from pgwork.config import ChannelConfig, Config, RetentionPolicy, RetryPolicy, declared
+def test_the_reference_lists_every_option() -> None:
+    from pgwork import reference
 
-    options = {
-        name: _shown(f) for name, f in {**declared(Config), **declared(RetentionPolicy)}.items()
-    }
-    for key, f in {**declared(ChannelConfig), **declared(RetryPolicy)}.items():
-        options[f"channels.NAME.{key}"] = _shown(f)
-    assert _readme_options() == options
+    assert _documented() == list(reference.options())
+    assert len(_documented()) == 57
