@@ -30,7 +30,13 @@ lint: $(VENV)/.dev ## ruff (lint + format check) and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint ## lint, type-check and run the whole test suite against an embedded Postgres
+docs: $(VENV)/.dev ## build the manual (docs/) with --strict: a broken link or anchor fails
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
+
+docs-serve: $(VENV)/.dev ## serve the manual at http://127.0.0.1:8000 while you edit it
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+test: lint docs ## lint, type-check, build the manual and run the whole test suite against an embedded Postgres
 	$(BIN)/pytest
 
 test-fast: $(VENV)/.dev ## the suite without the slow (process and timing) tests
@@ -39,7 +45,7 @@ test-fast: $(VENV)/.dev ## the suite without the slow (process and timing) tests
 clean: ## remove the venv, caches and the embedded data directory
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .pgwork *.egg-info
 
-.PHONY: help run psql lint test test-fast clean
+.PHONY: help run psql lint docs docs-serve test test-fast clean
 
 bench: $(VENV)/.dev ## all nine benchmark workloads, 3 interleaved rounds (about an hour; --quick: minutes)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

@@ -1,5 +1,5 @@
 """Row-level security's cost to the daemon: a materialiser pass over N due reminders, run as a
-login role in ``pgwork_daemon`` (as the README documents for many apps on one database), with
+login role in ``pgwork_daemon`` (as docs/sql.md documents for many apps on one database), with
 row-level security on ``pgwork.reminder`` off and on, alternated round by round on one server.
 
   python -m bench.rls [--pgbin DIR] [--reminders 50000] [--rounds 3]

@@ -363,7 +363,7 @@ class Config:
     )
     #: Claims (and the materialiser's pages that claim) commit after the WAL flush: a database
     #: crash cannot take back a claim whose request went out, so every request that reached a
-    #: receiver has its attempt row. Off: they commit without waiting (faster; README says what
+    #: receiver has its attempt row. Off: they commit without waiting (faster; docs/how-it-works.md says what
     #: a crash may then repeat).
     synchronous_claims: bool = option(
         "database.synchronous_claims",

@@ -62,7 +62,7 @@ def session_conninfo(dsn: str, extra: dict[str, str] | None = None, *, pooled: b
     """``dsn`` plus pgwork's session settings, keeping any options already in it. ``pooled``
     (behind a transaction-pooling PgBouncer): no ``options`` startup parameter, which PgBouncer
     refuses and could not keep per session anyway; set the timeouts on the role instead
-    (README, PgBouncer)."""
+    (docs/operations.md, PgBouncer)."""
     d = conninfo_to_dict(dsn)
     if pooled:
         if "application_name" in d:

@@ -214,7 +214,7 @@ def test_bad_durations(text: str) -> None:
 
 
 def test_environment_overrides_reach_channel_options(tmp_path: Path) -> None:
-    """Issue 8, item 15: PGWORK_CHANNELS_<NAME>_<OPTION>, as the README promises."""
+    """Issue 8, item 15: PGWORK_CHANNELS_<NAME>_<OPTION>, as docs/configuration.md promises."""
     p = write(
         tmp_path,
         '[channels.lease-hooks]\nkind = "webhook"\nurl = "https://example.com/a"\n'

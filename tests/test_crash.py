@@ -6,7 +6,7 @@ With ``database.synchronous_claims`` the claim behind the request survives the c
 attempt ledger has a row for every request the receiver got. Without it a claim committed a
 moment before the crash can vanish with it: the row is claimed again and sent again, under the
 same idempotency key; the ledger then has fewer rows than the receiver saw requests (the
-README's "Durability" says so). Both: nothing lost, one key per occurrence."""
+docs/how-it-works.md, "Durability", says so). Both: nothing lost, one key per occurrence."""
 
 from __future__ import annotations
 

@@ -98,6 +98,23 @@ def test_every_metric_in_the_rules_exists() -> None:
     assert missing == set()
 
 
+def test_every_alert_has_a_runbook_section() -> None:
+    """docs/runbook.md answers each alert of the rules, in their order, and nothing else."""
+    alerts = re.findall(r"- alert: (\w+)", (ROOT / "prometheus" / "pgwork.rules.yml").read_text())
+    sections = re.findall(r"^## (\w+)$", (ROOT / "docs" / "runbook.md").read_text(), re.M)
+    assert len(alerts) == 8
+    assert sections == alerts
+
+
+def test_the_readme_links_resolve() -> None:
+    """The README is the front door into docs/ (which mkdocs checks with --strict): each of its
+    relative links names a file of the repository."""
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if "://" not in link]
+    assert len(local) >= 10
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
 # -- the Grafana dashboard ---------------------------------------------------------------------
 
 

@@ -186,7 +186,7 @@ async def test_failover_loses_no_acknowledged_reminder(
             assert not missing, f"acknowledged but never delivered: {sorted(missing)[:10]}"
         else:
             # Asynchronous replication may lose what the primary acknowledged but had not yet
-            # streamed; the README says which losses that allows. Anything that survived is
+            # streamed; docs/operations.md (Failover) says which losses that allows. Anything that survived is
             # delivered.
             assert len(missing) <= len(wanted) // 10, f"{len(missing)} lost"
         # One occurrence, one key: a repeat (an outcome or a claim lost with the primary) is

@@ -208,7 +208,7 @@ async def test_daemon_runs_retention_and_honours_pause(
 async def test_retention_runs_under_a_role_with_only_the_documented_grants(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """The README lists what a separate retention role (retention.dsn) needs; exactly that works,
+    """docs/operations.md lists what a separate retention role (retention.dsn) needs; exactly that works,
     tombstones included."""
     rid = await add(conn, "live", "now() - interval '40 days'")
     await materialise(dsn)
