@@ -1,0 +1,1118 @@
+-- pgwork schema, version 11. This file is always the full current schema; `pgwork migrate`
+-- applies it to an empty database inside one transaction under an advisory lock.
+--
+-- Two clocks, two tables:
+--   pgwork.reminder      calendar time: business deadlines, written by other apps with plain SQL.
+--   pgwork.renewal_work  attempt time: one row per due (or nearly due) reminder occurrence,
+--                        written only by the daemon.
+-- The daemon owns every transition between them.
+
+CREATE SCHEMA pgwork;
+COMMENT ON SCHEMA pgwork IS 'pgwork: business deadlines in, exactly one reminder out per occurrence.';
+
+CREATE TABLE pgwork.schema_version (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version    integer NOT NULL CHECK (version > 0),
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
+INSERT INTO pgwork.schema_version (version) VALUES (11);
+
+CREATE TABLE pgwork.config (
+    singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    retention_paused boolean NOT NULL DEFAULT false
+);
+COMMENT ON TABLE pgwork.config IS 'Settings shared by every daemon, changed at runtime.';
+COMMENT ON COLUMN pgwork.config.retention_paused IS
+    'Pauses every retention duty (in daemons and `pgwork cleanup`) at its next batch, without a restart: '
+    '`pgwork cleanup --pause` / `--resume`.';
+INSERT INTO pgwork.config DEFAULT VALUES;
+
+CREATE TABLE pgwork.channel (
+    name          text PRIMARY KEY CONSTRAINT channel_name_valid CHECK (name ~ '^[a-z][a-z0-9_-]{0,62}$'),
+    kind          text NOT NULL CHECK (kind IN ('log', 'webhook', 'python')),
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    -- Operator control (pgwork.pause_channel / pgwork.resume_channel, `pgwork channel pause`).
+    paused        boolean NOT NULL DEFAULT false,
+    paused_at     timestamptz,
+    paused_by     text,
+    paused_reason text,
+    -- Backpressure from the receiver (429, 502, 503, 504), set by the outcome writer.
+    not_before    timestamptz,
+    throttle_limit integer CHECK (throttle_limit > 0),
+    throttle_from integer,
+    throttled_at  timestamptz,
+    throttle_reason text,
+    -- From the daemons' config, written at their start.
+    global_concurrency integer CHECK (global_concurrency > 0),
+    rate_limit    double precision CHECK (rate_limit > 0),
+    rate_burst    double precision CHECK (rate_burst >= 1),
+    catch_up      text NOT NULL DEFAULT 'all' CHECK (catch_up IN ('all', 'latest', 'none')),
+    breaker_after integer CHECK (breaker_after > 0),
+    breaker_probe interval,
+    -- The circuit breaker's count: attempts in a row that failed (any daemon); a success resets it.
+    failures      integer NOT NULL DEFAULT 0,
+    -- The rate limit's token bucket: tokens left at tokens_at.
+    tokens        double precision,
+    tokens_at     timestamptz
+);
+COMMENT ON TABLE pgwork.channel IS
+    'Delivery channels known to the daemons (registered from their config at start), and the '
+    'state every daemon''s claim honours: paused, throttled (not_before, throttle_limit), '
+    'global_concurrency and rate_limit. A reminder naming any other channel is refused.';
+COMMENT ON COLUMN pgwork.channel.paused IS
+    'No work of this channel is claimed while true; its rows wait (nothing dropped, no attempt counted).';
+COMMENT ON COLUMN pgwork.channel.not_before IS
+    'Throttled: no claim before this instant (a receiver answered 429/502/503/504; Retry-After if it gave one).';
+COMMENT ON COLUMN pgwork.channel.throttle_limit IS
+    'Throttled: rows claimed across all daemons at most; halved by a throttling answer, grown by each '
+    'success, cleared once back at throttle_from.';
+COMMENT ON COLUMN pgwork.channel.breaker_after IS
+    'Circuit breaker: after this many failed attempts in a row (any daemon) the channel is held for '
+    'breaker_probe, then one delivery at a time probes it: a success lifts it step by step, a '
+    'failure holds it again. NULL: off.';
+COMMENT ON COLUMN pgwork.channel.catch_up IS
+    'Occurrences already past when their reminder was written or moved: all are sent; latest: only the '
+    'most recent; none: none (the others are closed as expired).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Business state: one row per reminder, written by apps.
+-- ---------------------------------------------------------------------------------------------
+
+-- The value rules of reminder columns are domains, not table CHECK constraints: a domain's
+-- check runs where a value is written (an app's INSERT, or an UPDATE that sets the column), while
+-- a table's CHECK constraints all run again on every UPDATE of the row, whatever it changed. The
+-- materialiser's progress update (next_fire_at) ran all of them, regular expressions included,
+-- for every reminder it materialised. Table constraints remain for rules over several columns
+-- and for some of one: due_at's range (an indexed expression reads it), recipient's length (the
+-- page returns it as text), remind_before's (the trigger's clearer refusals come first) and the
+-- payload's stored, compressed size.
+CREATE FUNCTION pgwork.is_trimmed(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+-- Unicode's White_Space characters, named: what \s matches depends on the database's locale
+-- (ASCII only under C).
+RETURN value !~ '^[\s\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]|[\s\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]$';
+COMMENT ON FUNCTION pgwork.is_trimmed(text) IS
+    'Whether a key has no Unicode space (White_Space: ASCII spaces, tab, line breaks, U+0085, no-break '
+    'spaces, U+1680, U+2000-U+200A, U+2028, U+2029, U+205F, U+3000) at either end.';
+CREATE DOMAIN pgwork.reminder_source AS text
+    CONSTRAINT reminder_source_valid CHECK (length(VALUE) BETWEEN 1 AND 100 AND pgwork.is_trimmed(VALUE));
+CREATE DOMAIN pgwork.reminder_business_key AS text
+    CONSTRAINT reminder_business_key_valid CHECK (length(VALUE) BETWEEN 1 AND 500 AND pgwork.is_trimmed(VALUE));
+CREATE DOMAIN pgwork.reminder_payload AS jsonb
+    CONSTRAINT reminder_payload_is_object CHECK (jsonb_typeof(VALUE) = 'object');
+CREATE DOMAIN pgwork.reminder_traceparent AS text
+    CONSTRAINT reminder_traceparent_w3c
+        CHECK (VALUE ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+               AND VALUE !~ '^ff-' AND VALUE !~ '^..-0{32}-' AND VALUE !~ '-0{16}-..$');
+CREATE DOMAIN pgwork.reminder_tracestate AS text
+    CONSTRAINT reminder_tracestate_valid CHECK (length(VALUE) <= 512 AND VALUE !~ '[[:cntrl:]]');
+
+CREATE TABLE pgwork.reminder (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source        pgwork.reminder_source NOT NULL,
+    business_key  pgwork.reminder_business_key NOT NULL,
+    due_at        timestamptz NOT NULL
+        CONSTRAINT reminder_due_at_sane CHECK (due_at > '1970-01-01 00:00+00' AND due_at < '9999-01-01 00:00+00'),
+    due_local     timestamp,
+    due_tz        text,
+    -- Table constraints, checked after the trigger, which refuses a list of lists or an entry
+    -- with a negative part first, naming the column.
+    remind_before interval[] NOT NULL DEFAULT '{0}'
+        CONSTRAINT reminder_remind_before_1_to_16_entries CHECK (cardinality(remind_before) BETWEEN 1 AND 16)
+        CONSTRAINT reminder_remind_before_between_0_and_400_days
+            CHECK (array_position(remind_before, NULL) IS NULL
+                   AND '0'::interval <= ALL (remind_before) AND '400 days'::interval >= ALL (remind_before)),
+    channel       text NOT NULL CONSTRAINT reminder_channel_known REFERENCES pgwork.channel (name),
+    -- A table constraint (and plain text): the materialiser's page returns it as text.
+    recipient     text NOT NULL
+        CONSTRAINT reminder_recipient_valid CHECK (length(recipient) BETWEEN 1 AND 1000),
+    -- The size as stored (compressed): a table constraint, as a domain would see it uncompressed.
+    payload       pgwork.reminder_payload NOT NULL DEFAULT '{}'
+        CONSTRAINT reminder_payload_at_most_64kib CHECK (pg_column_size(payload) <= 65536),
+    next_fire_at  timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    planned_at    timestamptz DEFAULT now(),
+    traceparent   pgwork.reminder_traceparent,
+    tracestate    pgwork.reminder_tracestate,
+    CONSTRAINT reminder_business_key_unique UNIQUE (source, business_key),
+    CONSTRAINT reminder_local_time_complete CHECK ((due_local IS NULL) = (due_tz IS NULL))
+);
+COMMENT ON TABLE pgwork.reminder IS
+    'One row per business reminder, written by other apps with plain SQL: INSERT to schedule, '
+    'UPDATE due_at (or due_local/due_tz) to move, DELETE to cancel.';
+COMMENT ON COLUMN pgwork.reminder.source IS 'The app or domain that owns the key, e.g. lease-renewal.';
+COMMENT ON COLUMN pgwork.reminder.business_key IS 'Stable key within source, e.g. property:7/lease:42.';
+COMMENT ON COLUMN pgwork.reminder.due_at IS
+    'The deadline as an instant. For local-time reminders pgwork computes it from due_local and '
+    'due_tz (see pgwork.local_to_instant for the DST policy); apps then leave it out.';
+COMMENT ON COLUMN pgwork.reminder.due_local IS 'The deadline as a wall-clock time in due_tz (the intent, kept as written).';
+COMMENT ON COLUMN pgwork.reminder.due_tz IS 'IANA time zone name for due_local, e.g. Europe/London.';
+COMMENT ON COLUMN pgwork.reminder.remind_before IS
+    'One send per entry, that long before the deadline: {0} sends at the deadline; '
+    '{30 days,7 days,1 day} sends three times. Each entry is its own occurrence.';
+COMMENT ON COLUMN pgwork.reminder.planned_at IS
+    'Maintained by pgwork: when the schedule was last written (insert, or a move of due_at or '
+    'remind_before); the channel''s catch_up policy judges occurrences that fired before it. NULL '
+    '(rows from before schema 4): created_at.';
+COMMENT ON COLUMN pgwork.reminder.traceparent IS
+    'Optional W3C trace context of the request that scheduled (or last moved) the reminder; '
+    'each occurrence materialised from then on carries it, and its webhook requests send it.';
+COMMENT ON COLUMN pgwork.reminder.tracestate IS 'Optional W3C tracestate that goes with traceparent.';
+COMMENT ON COLUMN pgwork.reminder.next_fire_at IS
+    'Maintained by pgwork: when the earliest occurrence not yet materialised fires; ''infinity'' '
+    'when all are; NULL means due_at (the common reminder: one send at the deadline, written without '
+    'any trigger call). This is the materialiser''s progress; retention never resets it, so deleting '
+    'old work rows can never cause a second send.';
+
+-- The materialiser's eligibility predicate, exactly: coalesce(next_fire_at, due_at) <= cutoff for
+-- reminders with something left to materialise, paged by (that instant, id).
+CREATE INDEX reminder_next_fire ON pgwork.reminder ((coalesce(next_fire_at, due_at)), id)
+    WHERE next_fire_at IS NULL OR next_fire_at < 'infinity';
+
+-- ---------------------------------------------------------------------------------------------
+-- Attempt time: one row per materialised occurrence, written only by the daemon.
+-- ---------------------------------------------------------------------------------------------
+
+CREATE TABLE pgwork.renewal_work (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    reminder_id   bigint NOT NULL,
+    source        text NOT NULL,
+    business_key  text NOT NULL,
+    deadline      timestamptz NOT NULL,
+    occurrence    interval NOT NULL CHECK (occurrence >= '0'),
+    due_at        timestamptz NOT NULL,
+    channel       text NOT NULL,
+    operation_id  uuid NOT NULL,
+    status        text NOT NULL DEFAULT 'ready'
+        CHECK (status IN ('ready', 'claimed', 'delivered', 'dead', 'cancelled', 'superseded', 'expired')),
+    available_at  timestamptz NOT NULL,
+    attempts      integer NOT NULL DEFAULT 0,
+    attempts_base integer NOT NULL DEFAULT 0,
+    lease         integer NOT NULL DEFAULT 0,
+    claimed_at    timestamptz,
+    claimed_by    text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    finished_at   timestamptz,
+    last_error    text,
+    dead_reason   text,
+    redriven_at   timestamptz,
+    redriven_by   text,
+    traceparent   text,
+    tracestate    text,
+    -- operation_id is a function of this key, so it is unique too; it has no index of its own
+    -- (every status change is a non-HOT update that pays for each index).
+    CONSTRAINT work_occurrence_unique UNIQUE (reminder_id, deadline, occurrence),
+    CONSTRAINT work_counters_valid CHECK (0 <= attempts_base AND attempts_base <= attempts AND attempts <= lease),
+    CONSTRAINT work_finished_iff_terminal
+        CHECK ((finished_at IS NOT NULL) = (status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired'))),
+    CONSTRAINT work_dead_has_reason CHECK ((status = 'dead') = (dead_reason IS NOT NULL)),
+    CONSTRAINT work_claimed_has_owner CHECK (status <> 'claimed' OR (claimed_by IS NOT NULL AND claimed_at IS NOT NULL))
+) WITH (
+    -- A queue table churns: vacuum it after ~1% of rows change, without cost-based sleeping.
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 500,
+    autovacuum_vacuum_insert_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 0,
+    fillfactor = 85
+);
+COMMENT ON TABLE pgwork.renewal_work IS
+    'One row per reminder occurrence that is due or nearly due; created by the materialiser with '
+    'INSERT ... ON CONFLICT on (reminder_id, deadline, occurrence), so repeated ticks are harmless.';
+COMMENT ON COLUMN pgwork.renewal_work.deadline IS 'The reminder''s deadline this occurrence was made for; a moved deadline supersedes it.';
+COMMENT ON COLUMN pgwork.renewal_work.occurrence IS 'How long before the deadline this send is (an entry of remind_before).';
+COMMENT ON COLUMN pgwork.renewal_work.due_at IS 'When this occurrence should be delivered: deadline minus occurrence.';
+COMMENT ON COLUMN pgwork.renewal_work.operation_id IS
+    'Stable idempotency key of this occurrence: the same on every attempt and after redrive.';
+COMMENT ON COLUMN pgwork.renewal_work.status IS
+    'ready: waiting for available_at; claimed: a worker holds a lease until available_at; '
+    'delivered, dead, cancelled, superseded, expired: terminal (expired: past the channel''s '
+    'expire_after, or skipped by its catch_up policy; never sent; last_error says why).';
+COMMENT ON COLUMN pgwork.renewal_work.available_at IS
+    'ready: not claimable before this instant (due time or retry backoff). claimed: lease expiry; '
+    'an expired lease is claimable again by the ordinary claim.';
+COMMENT ON COLUMN pgwork.renewal_work.attempts IS 'Attempts counted against the budget (a clean release on shutdown does not count).';
+COMMENT ON COLUMN pgwork.renewal_work.attempts_base IS 'Attempts made before the last redrive; the budget applies to attempts - attempts_base.';
+COMMENT ON COLUMN pgwork.renewal_work.lease IS
+    'Fencing token: incremented by every claim. Every later change of a claimed row must name the '
+    'lease it claimed, so a worker whose lease expired cannot overwrite its successor''s outcome.';
+
+-- The claim's index: small (only live rows), ordered like the claim within each source (the
+-- claim takes the oldest rows of the sources whose turn it is, see pgwork.lane).
+CREATE INDEX work_claimable ON pgwork.renewal_work (channel, source, available_at, id)
+    WHERE status IN ('ready', 'claimed');
+-- Retention and DLQ listings.
+CREATE INDEX work_terminal ON pgwork.renewal_work (finished_at, id)
+    WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
+-- Rows claimed now, per channel: what global_concurrency and a throttle count (live leases only).
+CREATE INDEX work_held ON pgwork.renewal_work (channel, available_at) WHERE status = 'claimed';
+-- Dead letters: their count (a gauge) and listing cost O(dead rows), not O(retained rows).
+CREATE INDEX work_dead ON pgwork.renewal_work (channel, finished_at, id) WHERE status = 'dead';
+
+CREATE TABLE pgwork.attempt (
+    work_id     bigint NOT NULL,
+    lease       integer NOT NULL,
+    attempt     integer NOT NULL,
+    daemon_id   text NOT NULL,
+    host        text NOT NULL,
+    pid         integer NOT NULL,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL,
+    outcome     text NOT NULL CHECK (outcome IN
+        ('delivered', 'duplicate', 'retry', 'failed', 'lease_expired', 'released', 'fenced')),
+    http_status integer,
+    error_class text,
+    error       text CHECK (length(error) <= 2000),
+    receipt     jsonb,
+    retry_at    timestamptz,
+    PRIMARY KEY (work_id, lease)
+) WITH (autovacuum_vacuum_insert_scale_factor = 0.02);
+COMMENT ON TABLE pgwork.attempt IS 'The attempt ledger: one row per claim of a work row, with its outcome.';
+COMMENT ON COLUMN pgwork.attempt.outcome IS
+    'delivered; duplicate (receiver said it already had it); retry; failed (permanent); '
+    'lease_expired (the worker vanished); released (clean shutdown, not counted); '
+    'fenced (a late completion refused because the lease had passed to another worker).';
+COMMENT ON COLUMN pgwork.attempt.retry_at IS 'For outcome retry: when the next try is due.';
+COMMENT ON COLUMN pgwork.attempt.receipt IS 'What the receiver returned as proof of delivery, if anything (truncated).';
+
+CREATE TABLE pgwork.retired (
+    reminder_id  bigint NOT NULL,
+    deadline     timestamptz NOT NULL,
+    occurrence   interval NOT NULL,
+    status       text NOT NULL CHECK (status IN ('delivered', 'dead', 'expired')),
+    operation_id uuid NOT NULL,
+    finished_at  timestamptz NOT NULL,
+    retired_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (reminder_id, deadline, occurrence)
+);
+COMMENT ON TABLE pgwork.retired IS
+    'What retention leaves of a delivered, dead or expired occurrence of a reminder that still exists: its '
+    'identity and outcome. The materialiser never inserts an occurrence listed here, so deleting old '
+    'work can never cause a second send (not even after the deadline moves away and back). Removed '
+    'with the reminder.';
+
+CREATE TABLE pgwork.materialiser_state (
+    singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_cutoff      timestamptz,
+    last_pass_at     timestamptz,
+    last_inserted    bigint NOT NULL DEFAULT 0,
+    last_duration_ms double precision NOT NULL DEFAULT 0,
+    total_inserted   bigint NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE pgwork.materialiser_state IS
+    'Evidence of the materialiser: every occurrence firing at or before last_cutoff had its work row '
+    'when the last complete pass finished.';
+INSERT INTO pgwork.materialiser_state DEFAULT VALUES;
+
+CREATE TABLE pgwork.retention_state (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_pass_at  timestamptz,
+    last_deleted  bigint NOT NULL DEFAULT 0,
+    total_deleted bigint NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE pgwork.retention_state IS 'Evidence of retention: when it last completed a pass and what it deleted.';
+INSERT INTO pgwork.retention_state DEFAULT VALUES;
+
+CREATE TABLE pgwork.daemon (
+    id           text PRIMARY KEY,
+    host         text NOT NULL,
+    pid          integer NOT NULL,
+    version      text NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    listener_up  boolean DEFAULT false,
+    heartbeat_every interval NOT NULL DEFAULT '20 seconds',
+    metrics_at   text
+);
+COMMENT ON TABLE pgwork.daemon IS
+    'Running (or recently running) daemons, refreshed by their heartbeat. A row whose heartbeat is '
+    'older than three heartbeat_every is shown as gone; after ten it is deleted by the others.';
+COMMENT ON COLUMN pgwork.daemon.listener_up IS
+    'Whether its LISTEN connection is up; NULL: it runs without one by configuration (behind a '
+    'transaction pooler with no listen_dsn: the tick alone finds new work).';
+COMMENT ON COLUMN pgwork.daemon.metrics_at IS
+    'HOST:PORT its Prometheus metrics are served on (the port it got, when metrics.listen names '
+    'port 0 or a range); NULL: metrics off.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Functions
+-- ---------------------------------------------------------------------------------------------
+
+CREATE FUNCTION pgwork.local_to_instant(local_time timestamp, tz text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE AS $$
+-- The DST policy, in one place:
+--   * a wall time that happens once maps to that instant;
+--   * an ambiguous wall time (clocks go back, it happens twice) maps to the EARLIER instant;
+--   * a nonexistent wall time (clocks go forward, it never happens) is shifted forward by the
+--     length of the gap: 02:30 on a 02:00->03:00 night becomes 03:30.
+DECLARE
+    guess      timestamptz;
+    off_before interval;
+    off_after  interval;
+    a          timestamptz;
+    b          timestamptz;
+BEGIN
+    guess := local_time AT TIME ZONE tz;
+    -- UTC offsets in force a day before and a day after (local minus UTC).
+    off_before := ((guess - interval '24 hours') AT TIME ZONE tz) - ((guess - interval '24 hours') AT TIME ZONE 'UTC');
+    off_after  := ((guess + interval '24 hours') AT TIME ZONE tz) - ((guess + interval '24 hours') AT TIME ZONE 'UTC');
+    a := (local_time - off_before) AT TIME ZONE 'UTC';
+    b := (local_time - off_after) AT TIME ZONE 'UTC';
+    IF (a AT TIME ZONE tz) = local_time AND (b AT TIME ZONE tz) = local_time THEN
+        RETURN least(a, b);
+    ELSIF (a AT TIME ZONE tz) = local_time THEN
+        RETURN a;
+    ELSIF (b AT TIME ZONE tz) = local_time THEN
+        RETURN b;
+    END IF;
+    RETURN a;  -- in the gap: read with the offset in force before it, i.e. shifted forward
+END
+$$;
+COMMENT ON FUNCTION pgwork.local_to_instant(timestamp, text) IS
+    'Wall-clock time in an IANA zone to an instant. DST policy: ambiguous -> earlier instant; '
+    'nonexistent -> shifted forward by the gap.';
+
+CREATE FUNCTION pgwork.fire_at(due_at timestamptz, due_local timestamp, due_tz text, before interval)
+RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    -- Offsets count in the reminder's own calendar: in its zone for local-time reminders
+    -- ("7 days before 09:00 London" is 09:00 London), in UTC otherwise. A send before the
+    -- deadline never fires after it: a local time in a DST gap is shifted forward by the gap,
+    -- which can carry it past the deadline (02:29 before a 02:30 deadline, on a night whose
+    -- clocks jump from 02:00 to 02:30); it then fires at the deadline.
+    SELECT CASE WHEN due_local IS NULL
+                THEN ((due_at AT TIME ZONE 'UTC') - before) AT TIME ZONE 'UTC'
+                ELSE least(pgwork.local_to_instant(due_local - before, due_tz), due_at) END
+$$;
+COMMENT ON FUNCTION pgwork.fire_at(timestamptz, timestamp, text, interval) IS
+    'When the occurrence "before" ahead of a deadline fires.';
+
+-- STABLE, as extract() from a timestamptz is: so the planner inlines it into the page (an
+-- IMMUTABLE function whose body is STABLE is called through the SQL-function executor, once per
+-- row: a third of a bare INSERT ... SELECT's time). The value depends on its arguments only.
+CREATE FUNCTION pgwork.operation_id(reminder_id bigint, source text, business_key text,
+                                    deadline timestamptz, occurrence interval)
+RETURNS uuid LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT md5(reminder_id::text || E'\x1f' || source || E'\x1f' || business_key || E'\x1f'
+               || extract(epoch FROM deadline)::text || E'\x1f' || extract(epoch FROM occurrence)::text)::uuid
+$$;
+COMMENT ON FUNCTION pgwork.operation_id(bigint, text, text, timestamptz, interval) IS
+    'The stable idempotency key of one occurrence; a function of its identity only.';
+
+CREATE FUNCTION pgwork.is_terminal(status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
+COMMENT ON FUNCTION pgwork.is_terminal(text) IS
+    'Whether a work status is final (queries use this; inlined, it still matches the work_terminal index).';
+
+CREATE FUNCTION pgwork.unwanted(reminder_id bigint, reminder_due_at timestamptz,
+                                remind_before interval[], deadline timestamptz, occurrence interval)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
+            WHEN reminder_due_at <> deadline OR NOT occurrence = ANY (remind_before) THEN 'superseded'
+       END;
+COMMENT ON FUNCTION pgwork.unwanted(bigint, timestamptz, interval[], timestamptz, interval) IS
+    'Why an occurrence is no longer wanted by its reminder (a missing reminder: cancelled; a moved deadline or a dropped remind_before entry: superseded), or NULL while it is.';
+
+CREATE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT count(*) FROM pgwork.renewal_work h
+         WHERE h.channel = claimed_now.channel AND h.status = 'claimed' AND h.available_at > now());
+COMMENT ON FUNCTION pgwork.claimed_now(text) IS
+    'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
+    'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
+
+-- The sources with ready work in each channel, in the order they are to be served: a claim
+-- takes the lanes whose turn has come (turn_at <= now, oldest turn first, a batch's worth at
+-- most: its cost never grows with the number of sources), their oldest rows, and sends each
+-- served lane to the back (turn_at = now) or to its next row's time, or deletes it when it has no
+-- ready row left. Every statement that makes a row ready brings its lane's turn forward
+-- (pgwork.wake_lanes, a trigger): a lane is never later than its ready rows.
+-- Rows claimed under a lease are not in lanes: an expired lease is found through work_held.
+CREATE TABLE pgwork.lane (
+    channel text NOT NULL,
+    source  text NOT NULL,
+    turn_at timestamptz NOT NULL,
+    PRIMARY KEY (channel, source)
+);
+CREATE INDEX lane_turn ON pgwork.lane (channel, turn_at, source);
+COMMENT ON TABLE pgwork.lane IS
+    'A channel''s sources with ready work, served in turn (fair claiming): written by the daemon only.';
+COMMENT ON COLUMN pgwork.lane.turn_at IS
+    'When the source is next served: its oldest ready row''s time, or when it was last served while '
+    'more rows were due (the back of the line). Never later than its ready rows.';
+
+CREATE FUNCTION pgwork.next_ready(channel text, source text, taken bigint[]) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT w.available_at FROM pgwork.renewal_work w
+         WHERE w.channel = next_ready.channel AND w.source = next_ready.source AND w.status = 'ready'
+           AND NOT w.id = ANY (coalesce(taken, '{}'))
+         ORDER BY w.available_at, w.id
+         LIMIT 1);
+COMMENT ON FUNCTION pgwork.next_ready(text, text, bigint[]) IS
+    'When a lane''s next ready row is available, past the rows a claim takes (NULL: none left).';
+
+CREATE FUNCTION pgwork.wake_lanes() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival): their
+    -- lanes' turns come no later than the rows (or now, for a row ready earlier: it queues
+    -- behind the lanes already waiting). Lanes are locked in key order by every writer, so two
+    -- writers never wait for each other in a cycle; a claim never waits for a lane (SKIP
+    -- LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a claim turning
+    -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
+    INSERT INTO pgwork.lane AS l (channel, source, turn_at)
+    SELECT r.channel, r.source, min(r.available_at)
+      FROM woken r
+     WHERE r.status = 'ready'
+     GROUP BY r.channel, r.source
+     ORDER BY r.channel, r.source
+        ON CONFLICT (channel, source) DO UPDATE
+       SET turn_at = greatest(excluded.turn_at, now())
+     WHERE l.turn_at > greatest(excluded.turn_at, now());
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgwork.wake_lanes() IS
+    'Statement trigger on renewal_work: the lanes of rows made ready are due no later than the rows.';
+CREATE TRIGGER work_wakes_lanes_on_insert AFTER INSERT ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+CREATE TRIGGER work_wakes_lanes_on_update AFTER UPDATE ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+
+CREATE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
+                                  tokens double precision, tokens_at timestamptz)
+RETURNS double precision LANGUAGE sql STABLE PARALLEL SAFE
+RETURN least(rate_burst, coalesce(tokens, rate_burst) + rate_limit * greatest(extract(epoch FROM now() - tokens_at), 0));
+COMMENT ON FUNCTION pgwork.tokens_now(double precision, double precision, double precision, timestamptz) IS
+    'A rate-limited channel''s tokens now: what its row held at tokens_at, refilled at rate_limit per '
+    'second, at most rate_burst (a full bucket before the first claim).';
+
+CREATE FUNCTION pgwork.jsonb_nesting_within(doc jsonb, max_depth integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    -- Walks containers only, and no deeper than max_depth + 1: cheap for any document.
+    WITH RECURSIVE walk(v, depth) AS (
+        SELECT doc, 1
+        UNION ALL
+        SELECT c.v, w.depth + 1
+          FROM walk w
+         CROSS JOIN LATERAL (
+               SELECT value FROM jsonb_each(CASE WHEN jsonb_typeof(w.v) = 'object' THEN w.v END)
+               UNION ALL
+               SELECT value FROM jsonb_array_elements(CASE WHEN jsonb_typeof(w.v) = 'array' THEN w.v END)
+         ) AS c(v)
+         WHERE w.depth <= max_depth AND jsonb_typeof(c.v) IN ('object', 'array')
+    )
+    SELECT max(depth) <= max_depth FROM walk
+$$;
+COMMENT ON FUNCTION pgwork.jsonb_nesting_within(jsonb, integer) IS
+    'Whether a JSON document nests containers at most max_depth levels deep.';
+
+CREATE TABLE pgwork.time_zone (
+    name text PRIMARY KEY
+);
+COMMENT ON TABLE pgwork.time_zone IS
+    'The IANA zone names a local-time reminder may use: the server''s pg_timezone_names without '
+    'the posix/ and right/ trees, copied by `pgwork migrate` (a lookup here is cheap; the view is not).';
+INSERT INTO pgwork.time_zone
+SELECT name FROM pg_timezone_names
+ WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules')
+    ON CONFLICT DO NOTHING;
+
+CREATE FUNCTION pgwork.reminder_before_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    what text;
+    bad  interval;
+    size integer;
+BEGIN
+    what := format('reminder (%s, %s)', NEW.source, NEW.business_key);
+    IF TG_OP = 'UPDATE' AND (NEW.source IS DISTINCT FROM OLD.source OR NEW.business_key IS DISTINCT FROM OLD.business_key) THEN
+        RAISE EXCEPTION 'pgwork: source and business_key identify a reminder and cannot change'
+            USING ERRCODE = 'check_violation', COLUMN = 'business_key',
+                  HINT = 'Delete the reminder and insert a new one.';
+    END IF;
+
+    -- The deadline: an instant, or a wall-clock time plus an IANA zone.
+    IF (NEW.due_local IS NULL) <> (NEW.due_tz IS NULL) THEN
+        RAISE EXCEPTION 'pgwork: % gives only one of due_local and due_tz', what
+            USING ERRCODE = 'check_violation', COLUMN = 'due_tz',
+                  HINT = 'A local deadline needs both the wall-clock time and the IANA zone.';
+    END IF;
+    IF NEW.due_local IS NOT NULL THEN
+        IF TG_OP = 'INSERT' AND NEW.due_at IS NOT NULL THEN
+            RAISE EXCEPTION 'pgwork: % gives both due_at and due_local/due_tz', what
+                USING ERRCODE = 'check_violation', COLUMN = 'due_at',
+                      HINT = 'Give the deadline either as an instant or as local time plus zone.';
+        END IF;
+        IF TG_OP = 'UPDATE' AND NEW.due_at IS DISTINCT FROM OLD.due_at
+           AND NEW.due_local IS NOT DISTINCT FROM OLD.due_local AND NEW.due_tz IS NOT DISTINCT FROM OLD.due_tz THEN
+            RAISE EXCEPTION 'pgwork: % has a local-time deadline; due_at is computed from it', what
+                USING ERRCODE = 'check_violation', COLUMN = 'due_at',
+                      HINT = 'Update due_local (and due_tz), or set due_local and due_tz to NULL together with due_at.';
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pgwork.time_zone z WHERE z.name = NEW.due_tz) THEN
+            RAISE EXCEPTION 'pgwork: % has unknown time zone "%"', what, NEW.due_tz
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = 'due_tz',
+                      HINT = 'Use an IANA zone name as the server knows it (pgwork.time_zone), e.g. Europe/London or UTC.';
+        END IF;
+        IF NOT (NEW.due_local > '1970-01-02' AND NEW.due_local < '9998-12-31') THEN
+            RAISE EXCEPTION 'pgwork: % has due_local % outside 1970-01-02 .. 9998-12-31', what, NEW.due_local
+                USING ERRCODE = 'check_violation', COLUMN = 'due_local';
+        END IF;
+        NEW.due_at := pgwork.local_to_instant(NEW.due_local, NEW.due_tz);
+    ELSIF NEW.due_at IS NULL THEN
+        RAISE EXCEPTION 'pgwork: % has no deadline', what
+            USING ERRCODE = 'not_null_violation', COLUMN = 'due_at', HINT = 'Set due_at, or due_local and due_tz.';
+    END IF;
+
+    -- The payload, measured as the JSON text a receiver gets (the CHECK sees the compressed size).
+    size := octet_length(NEW.payload::text);
+    IF size > 65536 THEN
+        RAISE EXCEPTION 'pgwork: % has a payload of % bytes; at most 65536 (64 KiB) as JSON text', what, size
+            USING ERRCODE = 'check_violation', COLUMN = 'payload';
+    END IF;
+    IF size > 128 AND NOT pgwork.jsonb_nesting_within(NEW.payload, 64) THEN
+        RAISE EXCEPTION 'pgwork: % has a payload nested deeper than 64 levels', what
+            USING ERRCODE = 'check_violation', COLUMN = 'payload';
+    END IF;
+
+    -- (Re)plan: every occurrence of the current schedule is due for materialisation again; ones
+    -- already made for this deadline are kept by ON CONFLICT, ones retention retired by their
+    -- tombstones. Ranges and counts are CHECK constraints (cheaper than checking here).
+    IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
+        -- Exactly {0}: '1 mon -30 days' compares equal to 0 as an interval, so '=' is not enough.
+        IF NEW.due_local IS NULL AND cardinality(NEW.remind_before) = 1
+           AND array_ndims(NEW.remind_before) = 1 AND NEW.remind_before[1] = '0'
+           AND extract(year FROM NEW.remind_before[1]) = 0
+           AND extract(month FROM NEW.remind_before[1]) = 0
+           AND extract(day FROM NEW.remind_before[1]) = 0 THEN
+            NEW.next_fire_at := NULL;  -- the common case: one send, at the deadline (due_at)
+        ELSE
+            IF array_ndims(NEW.remind_before) > 1 THEN
+                RAISE EXCEPTION 'pgwork: % has a remind_before that is not a list of intervals', what
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before',
+                          HINT = 'Write e.g. ''{30 days, 7 days, 0}''.';
+            END IF;
+            SELECT x INTO bad FROM unnest(NEW.remind_before) AS x
+             WHERE extract(year FROM x) < 0 OR extract(month FROM x) < 0 OR extract(day FROM x) < 0
+                OR extract(hour FROM x) < 0 OR extract(minute FROM x) < 0 OR extract(second FROM x) < 0
+             LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION 'pgwork: % has remind_before entry "%" with a negative part; it could fire after the deadline', what, bad
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before',
+                          HINT = 'Every part of every entry must be zero or positive, e.g. ''1 mon'' or ''30 days''.';
+            END IF;
+            IF cardinality(NEW.remind_before) > 1 AND (SELECT count(DISTINCT x) FROM unnest(NEW.remind_before) AS x) <> cardinality(NEW.remind_before) THEN
+                RAISE EXCEPTION 'pgwork: % lists the same remind_before entry twice', what
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before';
+            END IF;
+            SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
+              FROM unnest(NEW.remind_before) AS x;
+        END IF;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        NEW.updated_at := now();
+        IF NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
+            NEW.planned_at := now();  -- what catch_up judges against
+        END IF;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- The common insert (an instant deadline, one send at it, a small payload) needs no trigger call
+-- at all: its next_fire_at stays NULL, which means due_at. Everything else goes through the
+-- function; a payload of 128 bytes or less can be neither too large nor too deep.
+CREATE TRIGGER reminder_before_insert
+    BEFORE INSERT ON pgwork.reminder FOR EACH ROW
+    WHEN (NEW.due_at IS NULL OR NEW.due_local IS NOT NULL OR NEW.due_tz IS NOT NULL
+          -- Compared as text: as intervals, '{1 mon -30 days}' equals '{0}'. (Another
+          -- IntervalStyle spells 0 differently and only takes the slower, equally right path.)
+          OR NEW.remind_before::text <> '{00:00:00}' OR NEW.next_fire_at IS NOT NULL
+          OR octet_length(NEW.payload::text) > 128)
+    EXECUTE FUNCTION pgwork.reminder_before_write();
+CREATE TRIGGER reminder_before_update
+    BEFORE UPDATE OF source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload
+    ON pgwork.reminder FOR EACH ROW EXECUTE FUNCTION pgwork.reminder_before_write();
+
+-- Unclaimed work for a schedule that no longer holds is closed at once; work already claimed is
+-- re-checked by the claim itself, which re-reads the reminder in the same statement.
+-- Both triggers read the reminder's own rows through work_occurrence_unique, whatever the
+-- statistics say: the status is tested with IS NOT DISTINCT FROM (status is NOT NULL, so the same
+-- test as =), which the planner cannot match to work_claimable's predicate. With '=', statistics
+-- taken while little work was live made it add a scan of all of work_claimable (a BitmapAnd), and
+-- every app's move or delete of a reminder read every live work row of every channel.
+CREATE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
+BEGIN
+    UPDATE pgwork.renewal_work
+       SET status = 'superseded', finished_at = now()
+     WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
+       AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before));
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER reminder_after_reschedule
+    AFTER UPDATE OF due_at, remind_before ON pgwork.reminder FOR EACH ROW
+    WHEN (OLD.due_at IS DISTINCT FROM NEW.due_at OR OLD.remind_before IS DISTINCT FROM NEW.remind_before)
+    EXECUTE FUNCTION pgwork.reminder_after_reschedule();
+
+CREATE FUNCTION pgwork.reminder_after_delete() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
+BEGIN
+    UPDATE pgwork.renewal_work
+       SET status = 'cancelled', finished_at = now()
+     WHERE reminder_id = OLD.id AND status IS NOT DISTINCT FROM 'ready';
+    DELETE FROM pgwork.retired WHERE reminder_id = OLD.id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER reminder_after_delete
+    AFTER DELETE ON pgwork.reminder FOR EACH ROW EXECUTE FUNCTION pgwork.reminder_after_delete();
+
+-- NOTIFY is a hint: only for a written reminder that fires within the next hour (the longest
+-- look-ahead a daemon may use), so a bulk insert of far-future deadlines costs no notification
+-- (the WHEN clause is evaluated without calling any function). Postgres folds identical
+-- notifications of one transaction into one. The materialiser's own updates (next_fire_at only)
+-- do not fire it.
+CREATE FUNCTION pgwork.reminder_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('pgwork_reminder', '');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER reminder_notify
+    AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before ON pgwork.reminder
+    FOR EACH ROW WHEN (coalesce(NEW.next_fire_at, NEW.due_at) <= now() + interval '1 hour')
+    EXECUTE FUNCTION pgwork.reminder_notify();
+
+-- ---------------------------------------------------------------------------------------------
+-- Channel control, for operators (apps cannot: they lack UPDATE on pgwork.channel)
+-- ---------------------------------------------------------------------------------------------
+
+CREATE FUNCTION pgwork.pause_channel(channel_name text, reason text DEFAULT NULL, actor text DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql AS $$
+-- Pause a channel: every daemon stops claiming its work at once (a NOTIFY tells them) and gives
+-- back rows it claimed but has not started. Returns false when it was already paused.
+BEGIN
+    UPDATE pgwork.channel
+       SET paused = true, paused_at = now(), paused_by = coalesce(actor, session_user), paused_reason = reason
+     WHERE name = channel_name AND NOT paused;
+    IF FOUND THEN
+        PERFORM pg_notify('pgwork_channel', channel_name);
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgwork.channel WHERE name = channel_name) THEN
+        RAISE EXCEPTION 'pgwork: no channel named "%"', channel_name
+            USING ERRCODE = 'no_data_found', HINT = 'SELECT name FROM pgwork.channel lists them.';
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgwork.pause_channel(text, text, text) IS
+    'Pause a channel (its work waits; nothing is dropped or counted). Returns false if already paused.';
+
+CREATE FUNCTION pgwork.resume_channel(channel_name text, actor text DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql AS $$
+-- Resume a paused channel, and lift a throttle: the operator says the receiver is ready.
+-- Returns false when it was neither paused nor throttled.
+BEGIN
+    UPDATE pgwork.channel
+       SET paused = false, paused_at = now(), paused_by = coalesce(actor, session_user), paused_reason = NULL,
+           not_before = NULL, throttle_limit = NULL, throttle_from = NULL, throttle_reason = NULL
+     WHERE name = channel_name AND (paused OR not_before IS NOT NULL OR throttle_limit IS NOT NULL);
+    IF FOUND THEN
+        PERFORM pg_notify('pgwork_channel', channel_name);
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgwork.channel WHERE name = channel_name) THEN
+        RAISE EXCEPTION 'pgwork: no channel named "%"', channel_name
+            USING ERRCODE = 'no_data_found', HINT = 'SELECT name FROM pgwork.channel lists them.';
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pgwork.resume_channel(text, text) IS
+    'Resume a paused channel and lift any throttle. Returns false if it was neither.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Many apps, one database: row-level security by source (off until an operator enables it)
+-- ---------------------------------------------------------------------------------------------
+
+CREATE TABLE pgwork.app_source (
+    role   name NOT NULL,
+    source text NOT NULL,
+    PRIMARY KEY (role, source)
+);
+COMMENT ON TABLE pgwork.app_source IS
+    'Which database role may write and read reminders of which source, once row-level security '
+    'is enabled on pgwork.reminder (ALTER TABLE pgwork.reminder ENABLE ROW LEVEL SECURITY).';
+
+ALTER TABLE pgwork.app_source ENABLE ROW LEVEL SECURITY;
+
+-- Who row-level security does not restrict: a superuser or BYPASSRLS role, the tables' owner and
+-- its members, and members of pgwork_daemon or pgwork_cleanup. It reads only what pg_roles and
+-- pg_has_role show any role, runs with the caller's rights, and the policies call it in a scalar
+-- subquery: an InitPlan, evaluated once per statement, never per row.
+CREATE FUNCTION pgwork.rls_exempt() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN coalesce((SELECT r.rolsuper OR r.rolbypassrls FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
+    OR pg_catalog.pg_has_role(current_user,
+                              (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = 'pgwork.reminder'::regclass),
+                              'MEMBER')
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                WHERE r.rolname IN ('pgwork_daemon', 'pgwork_cleanup')
+                  AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'));
+COMMENT ON FUNCTION pgwork.rls_exempt() IS
+    'Whether the current role sees every source: a superuser or BYPASSRLS role, the tables'' owner, '
+    'or a member of pgwork_daemon or pgwork_cleanup.';
+
+-- An app reads its own rows of app_source (the policy below needs them), nobody else's.
+CREATE POLICY app_source_own ON pgwork.app_source
+    USING (role = current_user OR (SELECT pgwork.rls_exempt()));
+
+-- Both tests are uncorrelated scalar subqueries: evaluated once per statement (InitPlans), so
+-- the daemon pays nothing per row, and an app's list of sources is read once, not per row.
+CREATE POLICY reminder_by_source ON pgwork.reminder
+    USING ((SELECT pgwork.rls_exempt())
+           OR source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]))
+    WITH CHECK ((SELECT pgwork.rls_exempt())
+                OR source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]));
+
+-- ---------------------------------------------------------------------------------------------
+-- What apps read
+-- ---------------------------------------------------------------------------------------------
+
+-- A security barrier: the view reads pgwork.reminder as its owner (row-level security does not
+-- apply), so its own source filter runs before any condition of the caller's that is not
+-- leakproof (a failing cast, a function that raises a NOTICE, an operator of the caller's own):
+-- such a condition sees only the caller's rows. Equality on text is leakproof and still reaches
+-- the index.
+CREATE VIEW pgwork.reminder_status WITH (security_barrier) AS
+SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before,
+       pgwork.fire_at(r.due_at, r.due_local, r.due_tz, b.before) AS send_at,
+       coalesce(w.status, t.status, 'scheduled') AS status,
+       coalesce(w.attempts, 0) AS attempts,
+       coalesce(w.finished_at, t.finished_at) AS finished_at,
+       coalesce(w.operation_id, t.operation_id) AS operation_id,
+       (w.id IS NULL AND t.reminder_id IS NOT NULL) AS retired
+  FROM pgwork.reminder r
+ CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
+  LEFT JOIN pgwork.renewal_work w
+    ON w.reminder_id = r.id AND w.deadline = r.due_at AND w.occurrence = b.before
+  LEFT JOIN pgwork.retired t
+    ON t.reminder_id = r.id AND t.deadline = r.due_at AND t.occurrence = b.before
+ -- The view reads as its owner: with row-level security on, it shows an app only its sources.
+ WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
+    OR (SELECT pgwork.rls_exempt())
+    OR r.source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]);
+COMMENT ON VIEW pgwork.reminder_status IS
+    'Each occurrence of each current reminder and where it stands: scheduled (not yet materialised), '
+    'ready, claimed, delivered, dead. retired: its work row was removed by retention (status is the '
+    'outcome it had; attempts are no longer known); it is never sent again.';
+
+-- ---------------------------------------------------------------------------------------------
+-- The materialiser's page, in one call (one round trip from the daemon)
+-- ---------------------------------------------------------------------------------------------
+
+-- One page of the materialiser, as two statements run here, so that the daemon sends one:
+--
+-- 1. The materialiser's coordination lock: the row lock of pgwork.materialiser_state, which no
+--    app role can take (locking a row needs UPDATE on its table), unlike an advisory lock, whose
+--    key any session can hold. Taken in a statement of its own, before the page's: this function
+--    is VOLATILE, so each statement takes a new snapshot (READ COMMITTED), and the page's is
+--    younger than any retention batch that retired work rows (retention takes the same row
+--    exclusively): a page can never miss a tombstone and re-insert an occurrence already sent.
+--    With coordinate, only one materialiser pages at a time (the others get no row and retry
+--    shortly); without (tests racing two passes), materialisers share the lock. Without the
+--    lock, the function returns no row.
+--
+-- 2. One keyset page of reminders with an occurrence firing at or before the cutoff: insert
+--    their work rows, advance each reminder's next_fire_at past the cutoff ('infinity' when
+--    nothing is left), and NOTIFY the workers of every daemon when it made rows left for a
+--    claim (ready: due now, or later, which their claim timers must learn of; the payload names
+--    the daemon whose materialiser made them: its own workers know already). Rows the page
+--    claimed or closed as expired are no other daemon's business: told of them, every other
+--    daemon would run a claim that finds nothing, once per reminder due now. Only occurrences
+--    at or after the reminder's progress (next_fire_at) are inserted, and never one that
+--    retention retired: an occurrence is materialised once per deadline, whatever retention
+--    deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
+--    because the deadline came back.
+--    Reminders locked by an app's transaction are skipped (their progress is unchanged, so the
+--    next pass takes them); the caller sees that in next_fire_at.
+--    One hop for work due now: up to room occurrences due now of each of the daemon's channels
+--    in take (those with idle workers: [{"channel", "room", "expire_after_s"}, ...]) are
+--    inserted already claimed, under a lease for daemon_id, as the claim would (lease and
+--    attempts 1). Only for a channel whose gate is open and that has nothing to count (no rate
+--    limit, global concurrency or throttle limit: their claims go through claim_work) and for
+--    an occurrence not past its expire_after; the others are inserted ready.
+--    It returns the page's figures on every row, with the rows it inserted claimed, one per
+--    row, as claim_work returns them (a page that claimed none returns one row whose claimed
+--    columns are NULL).
+--
+-- The page commits without waiting for the WAL flush: one lost in a crash is redone by the next
+-- pass (the progress is in the same transaction), and work due now reaches a worker one disk
+-- flush sooner. It always runs its generic plan: with many reminders the planner judged it worse
+-- than a custom one (it cannot see the cutoff) and planned the page again on every pass, 1.4 ms
+-- of a 7 ms idle latency with a million far-future reminders; the page reads its index in key
+-- order up to a LIMIT either way. Both settings are transaction-local.
+CREATE FUNCTION pgwork.materialise_page(
+    coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
+    after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
+    daemon_id text)
+RETURNS TABLE (
+    cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
+    notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
+    id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
+    occurrence interval, due_at timestamptz, channel text, operation_id uuid, status text,
+    attempts integer, attempts_base integer, lease integer, retry_since timestamptz,
+    prev_status text, recipient text, payload text, traceparent text, tracestate text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    got boolean;
+BEGIN
+    -- Under repeatable read or serializable, every statement here would share the snapshot taken
+    -- before the lock: the ordering above, and with it "never sent twice", would not hold.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgwork.materialise_page needs transaction_isolation = read committed, not %',
+                        current_setting('transaction_isolation')
+              USING HINT = 'a default_transaction_isolation set on the database or role applies to '
+                           'pgwork''s sessions too: set it to read committed for the daemon''s role';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    got := CASE WHEN materialise_page.coordinate
+                THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
+                ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END;
+    IF NOT got THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH params AS MATERIALIZED (
+        -- The first page of a pass fixes the cutoff; later pages pass it back.
+        SELECT coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead) AS cutoff
+    ), due AS MATERIALIZED (
+        SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
+               r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
+               coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate
+          FROM pgwork.reminder r
+         WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+           AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
+           AND (coalesce(r.next_fire_at, r.due_at), r.id)
+               > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+         LIMIT materialise_page.page_limit
+           FOR UPDATE OF r SKIP LOCKED
+    ), fires AS MATERIALIZED (
+        SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
+               pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
+               d.planned_at, (SELECT p.cutoff FROM params p) AS cutoff, d.traceparent, d.tracestate
+          FROM due d
+         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+    ), occ AS MATERIALIZED (
+        -- The channel's catch_up policy for occurrences that fired before the schedule was
+        -- written: all are sent; latest: only the most recent of them; none: none. The others
+        -- are closed as expired, with the reason.
+        SELECT f.*,
+               CASE coalesce(ch.catch_up, 'all')
+                    WHEN 'none' THEN f.fire_at < f.planned_at
+                    WHEN 'latest' THEN f.fire_at < max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                                    OVER (PARTITION BY f.id)
+                    ELSE false END AS skip,
+               ch.catch_up
+          FROM fires f
+          LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+    ), rooms AS MATERIALIZED (
+        SELECT t.channel, t.room, make_interval(secs => t.expire_after_s) AS expire_after
+          FROM jsonb_to_recordset(materialise_page.take) AS t(channel text, room integer, expire_after_s float8)
+    ), take AS MATERIALIZED (
+        -- The occurrences claimed here (see above): each channel's oldest due ones, up to its room.
+        SELECT o.id, o.before
+          FROM (SELECT o.id, o.before, o.channel, o.fire_at,
+                       row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.before) AS n
+                  FROM occ o
+                 WHERE NOT o.skip AND o.fire_at <= now() AND o.fire_at >= o.progress
+                   AND o.channel IN (SELECT t.channel FROM rooms t)) AS o
+          JOIN rooms t ON t.channel = o.channel
+          JOIN pgwork.channel c ON c.name = o.channel
+         WHERE o.n <= t.room
+           AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
+           AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
+           AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
+    ), made AS (
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                lease, attempts, claimed_at, claimed_by)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before),
+               CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + materialise_page.claim_lease END,
+               CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
+               CASE WHEN o.skip THEN now() END,
+               CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its reminder was written (%s)',
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
+               CASE WHEN k.id IS NOT NULL THEN now() END,
+               CASE WHEN k.id IS NOT NULL THEN materialise_page.daemon_id END
+          FROM occ o
+          LEFT JOIN take k ON k.id = o.id AND k.before = o.before
+         WHERE o.fire_at <= o.cutoff
+           AND o.fire_at >= o.progress
+           -- A probe of retired's key per occurrence (a scalar subquery with LIMIT, not NOT EXISTS,
+           -- which the planner may make a hash anti-join: the generic plan, which cannot see the
+           -- page's size, then read every tombstone on every page), and none while there is no
+           -- tombstone at all (the first test, made once per page).
+           AND (NOT EXISTS (SELECT FROM pgwork.retired)
+                OR (SELECT true FROM pgwork.retired t
+                     WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before
+                     LIMIT 1) IS NULL)
+            ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
+           -- A revived row keeps its lease and attempts: it is made ready, never claimed here.
+           SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
+               available_at = CASE WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate
+         WHERE w.status = 'superseded'
+        RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
+                  w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+                  coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
+                  w.traceparent, w.tracestate
+    ), nxt AS (
+        SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
+          FROM occ o
+         GROUP BY o.id
+    ), advanced AS (
+        -- By ctid: the rows are locked by this statement, and a join on id would scan the table.
+        UPDATE pgwork.reminder r
+           SET next_fire_at = n.next_fire_at
+          FROM due d
+          JOIN nxt n ON n.id = d.id
+         WHERE r.ctid = d.row_ctid
+    ), figures AS (
+        SELECT (SELECT p.cutoff FROM params p) AS cutoff,
+               (SELECT count(*) FROM due) AS scanned,
+               (SELECT count(*) FROM made) AS made,
+               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
+               (SELECT count(*) FROM made m WHERE m.status = 'expired') AS skipped,
+               (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
+                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')) AS n) AS notified,
+               (SELECT min(m.due_at) FROM made m) AS earliest_made,
+               l.next_fire_at AS last_at, l.id AS last_id
+          FROM (SELECT 1) AS one
+          LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
+    ), claimed AS (
+        -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
+        SELECT m.id, m.reminder_id, m.source, m.business_key, m.deadline, m.occurrence, m.due_at,
+               m.channel, m.operation_id, m.status, m.attempts, m.attempts_base, m.lease, m.retry_since,
+               'ready'::text AS prev_status, r.recipient, r.payload::text AS payload, m.traceparent, m.tracestate
+          FROM made m
+          JOIN pgwork.reminder r ON r.id = m.reminder_id
+         WHERE m.status = 'claimed'
+    )
+    SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
+           f.last_at, f.last_id,
+           c.id, c.reminder_id, c.source, c.business_key, c.deadline, c.occurrence, c.due_at,
+           c.channel, c.operation_id, c.status, c.attempts, c.attempts_base, c.lease, c.retry_since,
+           c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate
+      FROM figures f
+      LEFT JOIN claimed c ON true
+     ORDER BY c.due_at, c.id;
+END
+$$;
+COMMENT ON FUNCTION pgwork.materialise_page IS
+    'The materialiser''s page (lock, page, the rows it claimed), called by the daemon only.';
+REVOKE EXECUTE ON FUNCTION pgwork.materialise_page FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
+-- Roles: pgwork_app may schedule, move, cancel and read reminders, and nothing else.
+-- ---------------------------------------------------------------------------------------------
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_app') THEN
+        CREATE ROLE pgwork_app NOLOGIN;
+    END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'pgwork: could not create role pgwork_app (no CREATEROLE); grants to it are skipped';
+END
+$$;
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_app') THEN
+        GRANT USAGE ON SCHEMA pgwork TO pgwork_app;
+        GRANT SELECT, DELETE ON pgwork.reminder TO pgwork_app;
+        -- UPDATE of source and business_key is granted so that the trigger, not a bare
+        -- "permission denied", tells an app they cannot change.
+        GRANT INSERT (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
+                      traceparent, tracestate),
+              UPDATE (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
+                      traceparent, tracestate)
+              ON pgwork.reminder TO pgwork_app;
+        GRANT SELECT ON pgwork.reminder_status, pgwork.time_zone, pgwork.app_source TO pgwork_app;
+        -- Of a channel, what an app needs to pick one: not the receiver's state (throttle_reason
+        -- quotes a receiver's reply to another source's delivery), nor the breaker's counts.
+        GRANT SELECT (name, kind, registered_at, paused, catch_up) ON pgwork.channel TO pgwork_app;
+        GRANT EXECUTE ON FUNCTION pgwork.reminder_notify() TO pgwork_app;
+    END IF;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Roles: pgwork_daemon runs the daemon and the operator commands (status, dlq, channel);
+-- pgwork_cleanup runs `pgwork cleanup` (the retention timer). Group roles: GRANT one to the
+-- login role that connects. Neither can change the schema or delete a reminder; only the
+-- schema's owner runs `pgwork migrate`.
+-- ---------------------------------------------------------------------------------------------
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_daemon') THEN
+        CREATE ROLE pgwork_daemon NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
+        CREATE ROLE pgwork_cleanup NOLOGIN;
+    END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'pgwork: could not create roles pgwork_daemon, pgwork_cleanup (no CREATEROLE); grants to them are skipped';
+END
+$$;
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_daemon') THEN
+        GRANT USAGE ON SCHEMA pgwork TO pgwork_daemon;
+        GRANT SELECT ON pgwork.schema_version, pgwork.time_zone, pgwork.app_source, pgwork.reminder_status
+           TO pgwork_daemon;
+        -- reminder: the materialiser's progress (next_fire_at); never INSERT or DELETE.
+        GRANT SELECT, UPDATE ON pgwork.config, pgwork.reminder, pgwork.materialiser_state,
+              pgwork.retention_state TO pgwork_daemon;
+        GRANT SELECT, INSERT, UPDATE ON pgwork.channel TO pgwork_daemon;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.attempt, pgwork.retired,
+              pgwork.daemon, pgwork.lane TO pgwork_daemon;
+        GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
+        GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
+        BEGIN
+            -- The xmin-horizon gauge reads other sessions' backend_xmin.
+            GRANT pg_read_all_stats TO pgwork_daemon;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE NOTICE 'pgwork: could not grant pg_read_all_stats to pgwork_daemon; pgwork_xmin_horizon_age sees only its own sessions';
+        END;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
+        GRANT USAGE ON SCHEMA pgwork TO pgwork_cleanup;
+        GRANT SELECT ON pgwork.schema_version, pgwork.reminder, pgwork.channel, pgwork.daemon,
+              pgwork.app_source TO pgwork_cleanup;
+        -- materialiser_state: a batch locks its row (see retention_delete_batch).
+        GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state, pgwork.materialiser_state
+           TO pgwork_cleanup;
+        GRANT SELECT, DELETE ON pgwork.renewal_work, pgwork.attempt TO pgwork_cleanup;
+        GRANT SELECT, INSERT ON pgwork.retired TO pgwork_cleanup;
+    END IF;
+END
+$$;

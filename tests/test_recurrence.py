@@ -1,0 +1,321 @@
+"""Recurring deadlines (issue 27), first step: the recurrence evaluator in the database.
+
+The acceptance cases of the study (../shared/research/recurrence.md, section 5) that concern the
+rule and the DST policy, on a real PostgreSQL, with explicit dates (the functions are pure in
+the rule and a window of local time); the refusals, each naming its column; and a property test
+against python-dateutil's rrule, the reference implementation."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+from dateutil.rrule import rrulestr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.anyio
+
+UTC = dt.UTC
+
+
+def utc(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+async def preview(
+    conn: psycopg.AsyncConnection[Any],
+    recur: str,
+    due_local: str | None,
+    tz: str | None,
+    n: int = 10,
+) -> list[tuple[str, dt.datetime]]:
+    cur = await conn.execute(
+        "SELECT deadline_local, deadline FROM pgwork.recur_preview(%s, %s, %s, %s)",
+        (recur, due_local, tz, n),
+    )
+    return [
+        (local.isoformat(sep=" ", timespec="minutes"), at) for local, at in await cur.fetchall()
+    ]
+
+
+async def instants(
+    conn: psycopg.AsyncConnection[Any], recur: str, due_local: str, tz: str, n: int = 10
+) -> list[dt.datetime]:
+    return [at for _, at in await preview(conn, recur, due_local, tz, n)]
+
+
+async def test_rent_on_the_first_in_berlin_across_the_march_change(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    got = await preview(conn, "FREQ=MONTHLY;BYMONTHDAY=1", "2027-01-01 09:00", "Europe/Berlin", 4)
+    assert got == [
+        ("2027-01-01 09:00", utc("2027-01-01 08:00")),
+        ("2027-02-01 09:00", utc("2027-02-01 08:00")),
+        ("2027-03-01 09:00", utc("2027-03-01 08:00")),  # CET
+        ("2027-04-01 09:00", utc("2027-04-01 07:00")),  # CEST
+    ]
+
+
+async def test_a_deadline_in_the_london_gap_fires_shifted_forward_once(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    assert await instants(conn, "FREQ=DAILY", "2027-03-27 01:30", "Europe/London", 3) == [
+        utc("2027-03-27 01:30"),
+        utc("2027-03-28 01:30"),  # 01:30 does not exist that night: 02:30 BST
+        utc("2027-03-29 00:30"),
+    ]
+    # 01:30 shifted by the gap lands on 02:30 BST, the series' own next occurrence: one send.
+    got = await preview(
+        conn, "FREQ=DAILY;BYHOUR=1,2;BYMINUTE=30", "2027-03-27 01:30", "Europe/London", 5
+    )
+    assert got == [
+        ("2027-03-27 01:30", utc("2027-03-27 01:30")),
+        ("2027-03-27 02:30", utc("2027-03-27 02:30")),
+        ("2027-03-28 02:30", utc("2027-03-28 01:30")),
+        ("2027-03-29 01:30", utc("2027-03-29 00:30")),
+        ("2027-03-29 02:30", utc("2027-03-29 01:30")),
+    ]
+
+
+async def test_a_deadline_in_the_new_york_overlap_fires_once_at_the_earlier_instant(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    assert await instants(conn, "FREQ=DAILY", "2027-11-06 01:30", "America/New_York", 3) == [
+        utc("2027-11-06 05:30"),
+        utc("2027-11-07 05:30"),  # EDT; 06:30Z (EST) is the same wall time, not sent again
+        utc("2027-11-08 06:30"),
+    ]
+
+
+async def test_lord_howe_s_half_hour_shifts(conn: psycopg.AsyncConnection[Any]) -> None:
+    assert await instants(conn, "FREQ=DAILY", "2027-10-02 02:15", "Australia/Lord_Howe", 3) == [
+        utc("2027-10-01 15:45"),
+        utc("2027-10-02 15:45"),  # 02:15 is in the half-hour gap: 02:45 +11
+        utc("2027-10-03 15:15"),
+    ]
+    assert await instants(conn, "FREQ=DAILY", "2027-04-03 01:45", "Australia/Lord_Howe", 3) == [
+        utc("2027-04-02 14:45"),
+        utc("2027-04-03 14:45"),  # 01:45 happens twice: the earlier, +11
+        utc("2027-04-04 15:15"),
+    ]
+
+
+async def test_invalid_dates_are_skipped_and_the_last_day_idioms(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    def days(got: list[tuple[str, dt.datetime]]) -> list[str]:
+        return [local[:10] for local, _ in got]
+
+    got = await preview(conn, "FREQ=MONTHLY;BYMONTHDAY=31", "2027-01-31 09:00", "UTC", 6)
+    assert days(got) == [
+        "2027-01-31", "2027-03-31", "2027-05-31", "2027-07-31", "2027-08-31", "2027-10-31",
+    ]  # fmt: skip
+    got = await preview(
+        conn, "FREQ=MONTHLY;BYMONTHDAY=28,29,30,31;BYSETPOS=-1", "2027-01-31 09:00", "UTC", 6
+    )
+    assert days(got) == [
+        "2027-01-31", "2027-02-28", "2027-03-31", "2027-04-30", "2027-05-31", "2027-06-30",
+    ]  # fmt: skip
+    got = await preview(conn, "FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=29", "2028-02-29 09:00", "UTC", 2)
+    assert days(got) == ["2028-02-29", "2032-02-29"]
+    got = await preview(
+        conn, "FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=28,29;BYSETPOS=-1", "2028-02-29 09:00", "UTC", 3
+    )
+    assert days(got) == ["2028-02-29", "2029-02-28", "2030-02-28"]
+
+
+async def test_the_last_business_day_of_the_month(conn: psycopg.AsyncConnection[Any]) -> None:
+    rule = "FREQ=MONTHLY;BYDAY=MO,TU,WE,TH,FR;BYSETPOS=-1"
+    assert await instants(conn, rule, "2027-01-29 17:00", "Europe/London", 4) == [
+        utc("2027-01-29 17:00"),
+        utc("2027-02-26 17:00"),
+        utc("2027-03-31 16:00"),  # BST
+        utc("2027-04-30 16:00"),
+    ]
+
+
+async def test_until_and_count_end_a_series(conn: psycopg.AsyncConnection[Any]) -> None:
+    weekdays = "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR"
+    got = await instants(
+        conn, weekdays + ";UNTIL=20271231T235900", "2027-12-20 08:30", "America/New_York", 20
+    )
+    assert len(got) == 10 and got[-1] == utc("2027-12-31 13:30")
+    # UNTIL in UTC is read in the series' zone: 23:59Z is 18:59 in New York.
+    assert (
+        await instants(
+            conn, weekdays + ";UNTIL=20271231T235900Z", "2027-12-20 08:30", "America/New_York", 20
+        )
+        == got
+    )
+    got = await instants(conn, weekdays + ";COUNT=5", "2027-12-27 08:30", "America/New_York", 20)
+    assert got[0] == utc("2027-12-27 13:30") and got[-1] == utc("2027-12-31 13:30")
+    assert len(got) == 5
+    # COUNT is compiled once into the series' last occurrence: no evaluation counts from the start.
+    cur = await conn.execute(
+        "SELECT pgwork.recur_compile('FREQ=DAILY;COUNT=3', '2027-12-27 08:30', 'UTC')->>'until'"
+    )
+    assert (await cur.fetchone()) == ("2027-12-29T08:30:00",)
+
+
+async def test_a_series_keeps_its_time_of_day_and_interval(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    got = await preview(conn, "FREQ=WEEKLY;INTERVAL=2;BYDAY=TU,TH", "2027-01-05 07:45", "UTC", 5)
+    assert [local for local, _ in got] == [
+        "2027-01-05 07:45", "2027-01-07 07:45", "2027-01-19 07:45", "2027-01-21 07:45",
+        "2027-02-02 07:45",
+    ]  # fmt: skip
+    got = await preview(conn, "FREQ=YEARLY", "2027-03-15 09:00", "UTC", 3)
+    assert [local for local, _ in got] == [
+        "2027-03-15 09:00",
+        "2028-03-15 09:00",
+        "2029-03-15 09:00",
+    ]
+
+
+REFUSED = [
+    ("FREQ=HOURLY", "2027-01-01 09:00", "recur", "FREQ=HOURLY; pgwork recurs DAILY"),
+    ("FREQ=DAILY;INTERVAL=0", "2027-01-01 09:00", "recur", "INTERVAL 0 is out of range"),
+    ("FREQ=MONTHLY;BYMONTHDAY=32", "2027-01-01 09:00", "recur", "BYMONTHDAY 32 is out of range"),
+    ("FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30", "2028-02-29 09:00", "due_local", "not an occurrence"),
+    ("FREQ=MONTHLY;BYSETPOS=-1", "2027-01-01 09:00", "recur", "BYSETPOS needs BYDAY"),
+    ("FREQ=WEEKLY;BYDAY=-1FR", "2027-01-01 09:00", "recur", "needs FREQ=MONTHLY or YEARLY"),
+    ("FREQ=MONTHLY;BYDAY=MO,-1FR", "2027-01-01 09:00", "recur", "mixes weekdays"),
+    ("FREQ=WEEKLY;BYMONTHDAY=1", "2027-01-01 09:00", "recur", "cannot go with FREQ=WEEKLY"),
+    ("FREQ=YEARLY;BYWEEKNO=20", "2027-01-01 09:00", "recur", "BYWEEKNO is not supported"),
+    ("FREQ=DAILY;COLOUR=BLUE", "2027-01-01 09:00", "recur", "unknown part COLOUR"),
+    ("FREQ=DAILY;FREQ=WEEKLY", "2027-01-01 09:00", "recur", "gives FREQ twice"),
+    ("BYDAY=MO", "2027-01-01 09:00", "recur", "has no FREQ"),
+    ("FREQ=DAILY;COUNT=3;UNTIL=20280101", "2027-01-01 09:00", "recur", "both COUNT and UNTIL"),
+    ("FREQ=DAILY;COUNT=1001", "2027-01-01 09:00", "recur", "COUNT 1001 is out of range"),
+    ("FREQ=DAILY;UNTIL=20261231", "2027-01-01 09:00", "recur", "is before due_local"),
+    ("FREQ=DAILY;UNTIL=20270230", "2027-01-01 09:00", "recur", "not a valid date"),
+    ("FREQ=DAILY;UNTIL=tomorrow", "2027-01-01 09:00", "recur", "neither a date"),
+    ("FREQ=DAILY;BYDAY=XX", "2027-01-01 09:00", "recur", 'BYDAY has "XX"'),
+    ("", "2027-01-01 09:00", "recur", "recur is empty"),
+    ("FREQ=MONTHLY;BYMONTHDAY=1", "2027-01-02 09:00", "due_local", "is not an occurrence"),
+    ("FREQ=MONTHLY;BYMONTHDAY=1", None, "due_local", "needs due_local and due_tz"),
+]
+
+
+@pytest.mark.parametrize(("recur", "due_local", "column", "message"), REFUSED)
+async def test_a_rule_that_cannot_be_right_is_refused_naming_the_column(
+    conn: psycopg.AsyncConnection[Any],
+    recur: str,
+    due_local: str | None,
+    column: str,
+    message: str,
+) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await preview(conn, recur, due_local, "Europe/Berlin" if due_local else None)
+    assert info.value.diag.column_name == column
+    assert message in (info.value.diag.message_primary or "")
+
+
+async def test_a_refusal_names_the_first_occurrence_when_the_start_is_off(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await preview(conn, "FREQ=MONTHLY;BYMONTHDAY=1", "2027-01-02 09:00", "Europe/Berlin")
+    assert "first occurrence from due_local is 2027-02-01 09:00:00" in (
+        info.value.diag.message_hint or ""
+    )
+
+
+async def test_preview_refuses_an_unknown_zone_and_a_silly_count(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+        await preview(conn, "FREQ=DAILY", "2027-01-01 09:00", "Mars/Olympus_Mons")
+    assert info.value.diag.column_name == "due_tz"
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        await preview(conn, "FREQ=DAILY", "2027-01-01 09:00", "UTC", 0)
+
+
+# -- against the reference implementation ------------------------------------------------------
+
+DAYS = ["MO", "TU", "WE", "TH", "FR", "SA", "SU"]
+
+
+@st.composite
+def rules(draw: st.DrawFn) -> tuple[str, dt.datetime]:
+    """A rule of pgwork's subset (never one pgwork refuses) and a start at the beginning of one
+    of its periods: python-dateutil begins a WEEKLY rule's first week at its start, so a start
+    inside a week would make BYSETPOS rank a shortened first week there."""
+    freq = draw(st.sampled_from(["DAILY", "WEEKLY", "MONTHLY", "YEARLY"]))
+    parts = [f"FREQ={freq}"]
+    if draw(st.booleans()):
+        parts.append(f"INTERVAL={draw(st.integers(1, 4))}")
+    by = False
+    months = draw(st.lists(st.integers(1, 12), min_size=0, max_size=3, unique=True))
+    if months:
+        parts.append("BYMONTH=" + ",".join(map(str, months)))
+        by = True
+    monthdays = draw(st.lists(st.integers(-31, 31).filter(bool), max_size=3, unique=True))
+    if monthdays and freq != "WEEKLY":
+        parts.append("BYMONTHDAY=" + ",".join(map(str, monthdays)))
+        by = True
+    if draw(st.booleans()):
+        if freq in ("MONTHLY", "YEARLY") and draw(st.booleans()):
+            most = 4 if freq == "MONTHLY" or months else 52
+            nth = st.tuples(st.integers(-most, most).filter(bool), st.sampled_from(DAYS))
+            days = draw(st.lists(nth, min_size=1, max_size=3, unique=True))
+            parts.append("BYDAY=" + ",".join(f"{n}{d}" for n, d in days))
+        else:
+            parts.append(
+                "BYDAY="
+                + ",".join(
+                    draw(st.lists(st.sampled_from(DAYS), min_size=1, max_size=3, unique=True))
+                )
+            )
+        by = True
+    hours = draw(st.lists(st.integers(0, 23), max_size=2, unique=True))
+    if hours:
+        parts.append("BYHOUR=" + ",".join(map(str, hours)))
+        by = True
+    minutes = draw(st.lists(st.integers(0, 59), max_size=2, unique=True))
+    if minutes:
+        parts.append("BYMINUTE=" + ",".join(map(str, minutes)))
+        by = True
+    if by and draw(st.booleans()):
+        pos = draw(st.lists(st.integers(-4, 4).filter(bool), min_size=1, max_size=2, unique=True))
+        parts.append("BYSETPOS=" + ",".join(map(str, pos)))
+    wkst = draw(st.integers(0, 6))
+    if wkst:
+        parts.append(f"WKST={DAYS[wkst]}")
+    parts = draw(st.permutations(parts))
+    day = dt.datetime(2020, 1, 1) + dt.timedelta(days=draw(st.integers(0, 15 * 365)))
+    if freq == "WEEKLY":
+        day -= dt.timedelta(days=(day.weekday() - wkst) % 7)
+    elif freq == "MONTHLY":
+        day = day.replace(day=1)
+    elif freq == "YEARLY":
+        day = day.replace(month=1, day=1)
+    return ";".join(parts), day
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rule=rules(), offset=st.integers(0, 800), width=st.sampled_from([3, 40, 200]))
+def test_occurrences_agree_with_python_dateutil(
+    dsn: str, rule: tuple[str, dt.datetime], offset: int, width: int
+) -> None:
+    """The evaluator against dateutil (the study's oracle) on random rules and windows: the
+    same local occurrences, in order. (No zone: the DST policy is the conversion's, above.)"""
+    text, start = rule
+    lo = start + dt.timedelta(days=offset)
+    hi = lo + dt.timedelta(days=width)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        ours = [
+            r[0]
+            for r in c.execute(
+                "SELECT x FROM pgwork.recur_between(pgwork.recur_rule(%s, %s, 'UTC'), %s, %s, %s) x",
+                (text, start, start, lo, hi),
+            )
+        ]
+    theirs = rrulestr(text, dtstart=start).between(lo, hi, inc=True)
+    assert ours == theirs, (text, start, lo, hi)
