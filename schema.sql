@@ -136,6 +136,14 @@ CREATE TABLE pgwork.reminder (
     planned_at    timestamptz DEFAULT now(),
     traceparent   pgwork.reminder_traceparent,
     tracestate    pgwork.reminder_tracestate,
+    recur         text,
+    recur_until   timestamp,
+    recur_skip    timestamp[]
+        CONSTRAINT reminder_recur_skip_at_most_366 CHECK (cardinality(recur_skip) <= 366),
+    paused        boolean NOT NULL DEFAULT false,
+    recur_rule    jsonb,
+    recur_version integer NOT NULL DEFAULT 0,
+    series_from   timestamptz,
     CONSTRAINT reminder_business_key_unique UNIQUE (source, business_key),
     CONSTRAINT reminder_local_time_complete CHECK ((due_local IS NULL) = (due_tz IS NULL))
 );
@@ -160,6 +168,18 @@ COMMENT ON COLUMN pgwork.reminder.traceparent IS
     'Optional W3C trace context of the request that scheduled (or last moved) the reminder; '
     'each occurrence materialised from then on carries it, and its webhook requests send it.';
 COMMENT ON COLUMN pgwork.reminder.tracestate IS 'Optional W3C tracestate that goes with traceparent.';
+COMMENT ON COLUMN pgwork.reminder.recur IS
+    'A recurring deadline: an RFC 5545 RRULE (e.g. FREQ=MONTHLY;BYMONTHDAY=1) anchored at due_local in '
+    'due_tz, the first deadline. Each occurrence x remind_before entry is sent once, with its own key.';
+COMMENT ON COLUMN pgwork.reminder.recur_until IS 'The last local deadline a series may have (inclusive); NULL: none.';
+COMMENT ON COLUMN pgwork.reminder.recur_skip IS 'Local deadlines of the series not to send (at most 366).';
+COMMENT ON COLUMN pgwork.reminder.paused IS
+    'A paused series makes nothing; resumed, it starts from the moment it resumes (what fell in the pause is skipped).';
+COMMENT ON COLUMN pgwork.reminder.recur_rule IS 'Maintained by pgwork: recur compiled against the first deadline (pgwork.recur_compile).';
+COMMENT ON COLUMN pgwork.reminder.recur_version IS 'Maintained by pgwork: counts the edits of the series'' rule, zone, end, skips and pauses.';
+COMMENT ON COLUMN pgwork.reminder.series_from IS
+    'Maintained by pgwork: when the series was written, last edited or resumed; its deadlines before this are '
+    'history and never sent.';
 COMMENT ON COLUMN pgwork.reminder.next_fire_at IS
     'Maintained by pgwork: when the earliest occurrence not yet materialised fires; ''infinity'' '
     'when all are; NULL means due_at (the common reminder: one send at the deadline, written without '
@@ -201,6 +221,8 @@ CREATE TABLE pgwork.renewal_work (
     redriven_by   text,
     traceparent   text,
     tracestate    text,
+    deadline_local timestamp,
+    recur_version integer,
     -- operation_id is a function of this key, so it is unique too; it has no index of its own
     -- (every status change is a non-HOT update that pays for each index).
     CONSTRAINT work_occurrence_unique UNIQUE (reminder_id, deadline, occurrence),
@@ -222,6 +244,10 @@ COMMENT ON TABLE pgwork.renewal_work IS
     'One row per reminder occurrence that is due or nearly due; created by the materialiser with '
     'INSERT ... ON CONFLICT on (reminder_id, deadline, occurrence), so repeated ticks are harmless.';
 COMMENT ON COLUMN pgwork.renewal_work.deadline IS 'The reminder''s deadline this occurrence was made for; a moved deadline supersedes it.';
+COMMENT ON COLUMN pgwork.renewal_work.deadline_local IS
+    'For an occurrence of a recurring reminder: its deadline as local wall-clock time, its identity in the '
+    'series (a zone edit or a time zone data update moves deadline, never this). NULL for a one-off.';
+COMMENT ON COLUMN pgwork.renewal_work.recur_version IS 'The reminder''s recur_version when this occurrence was made.';
 COMMENT ON COLUMN pgwork.renewal_work.occurrence IS 'How long before the deadline this send is (an entry of remind_before).';
 COMMENT ON COLUMN pgwork.renewal_work.due_at IS 'When this occurrence should be delivered: deadline minus occurrence.';
 COMMENT ON COLUMN pgwork.renewal_work.operation_id IS
@@ -241,6 +267,9 @@ COMMENT ON COLUMN pgwork.renewal_work.lease IS
 
 -- The claim's index: small (only live rows), ordered like the claim within each source (the
 -- claim takes the oldest rows of the sources whose turn it is, see pgwork.lane).
+-- A recurring reminder's occurrences are identified by their local deadline.
+CREATE UNIQUE INDEX work_series_occurrence_unique ON pgwork.renewal_work (reminder_id, deadline_local, occurrence)
+    WHERE deadline_local IS NOT NULL;
 CREATE INDEX work_claimable ON pgwork.renewal_work (channel, source, available_at, id)
     WHERE status IN ('ready', 'claimed');
 -- Retention and DLQ listings.
@@ -285,6 +314,7 @@ CREATE TABLE pgwork.retired (
     operation_id uuid NOT NULL,
     finished_at  timestamptz NOT NULL,
     retired_at   timestamptz NOT NULL DEFAULT now(),
+    deadline_local timestamp,
     PRIMARY KEY (reminder_id, deadline, occurrence)
 );
 COMMENT ON TABLE pgwork.retired IS
@@ -400,6 +430,18 @@ $$;
 COMMENT ON FUNCTION pgwork.operation_id(bigint, text, text, timestamptz, interval) IS
     'The stable idempotency key of one occurrence; a function of its identity only.';
 
+-- An occurrence of a series is identified by its local deadline (its position in the series), so
+-- its key survives a zone edit and a time zone data update; the tag keeps it apart from one-offs.
+CREATE FUNCTION pgwork.series_operation_id(reminder_id bigint, source text, business_key text,
+                                           deadline_local timestamp, occurrence interval)
+RETURNS uuid LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT md5('series' || E'\x1f' || reminder_id::text || E'\x1f' || source || E'\x1f' || business_key
+               || E'\x1f' || to_char(deadline_local, 'YYYY-MM-DD"T"HH24:MI:SS.US')
+               || E'\x1f' || extract(epoch FROM occurrence)::text)::uuid
+$$;
+COMMENT ON FUNCTION pgwork.series_operation_id(bigint, text, text, timestamp, interval) IS
+    'The stable idempotency key of one occurrence of a recurring reminder (by its local deadline).';
+
 CREATE FUNCTION pgwork.is_terminal(status text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
@@ -414,6 +456,18 @@ RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
        END;
 COMMENT ON FUNCTION pgwork.unwanted(bigint, timestamptz, interval[], timestamptz, interval) IS
     'Why an occurrence is no longer wanted by its reminder (a missing reminder: cancelled; a moved deadline or a dropped remind_before entry: superseded), or NULL while it is.';
+
+-- The channel's catch_up policy for a send that fired before its reminder (or series) was
+-- written or last moved: all are sent; latest: only the most recent of them (latest_missed: the
+-- reminder's latest send before planned_at); none: none. True: close it as expired instead.
+CREATE FUNCTION pgwork.skipped_by_catch_up(policy text, fire_at timestamptz, planned_at timestamptz,
+                                           latest_missed timestamptz)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE coalesce(policy, 'all') WHEN 'none' THEN fire_at < planned_at
+                                    WHEN 'latest' THEN fire_at < latest_missed
+                                    ELSE false END;
+COMMENT ON FUNCTION pgwork.skipped_by_catch_up(text, timestamptz, timestamptz, timestamptz) IS
+    'Whether a channel''s catch_up policy skips a send that fired before its reminder was written or moved.';
 
 CREATE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -526,7 +580,10 @@ SELECT name FROM pg_timezone_names
 -- turned into its last occurrence) and evaluated by matching the candidate days of the whole
 -- periods that overlap a bounded window of local wall-clock time (pgwork.recur_between): the
 -- cost is the window's, never the series' history. Local times become instants only through
--- pgwork.local_to_instant (the DST policy of one-off deadlines).
+-- pgwork.local_to_instant (the DST policy of one-off deadlines). What evaluates rules in an app's
+-- session runs with jit off: generate_series' default row estimates make the planner compile
+-- these small queries (0.8 s a call on PostgreSQL 15 built with LLVM; pgwork's own sessions
+-- have jit off already).
 -- ---------------------------------------------------------------------------------------------
 
 CREATE FUNCTION pgwork.recur_error(message text, hint text DEFAULT NULL, col text DEFAULT 'recur')
@@ -669,7 +726,7 @@ COMMENT ON FUNCTION pgwork.recur_between(jsonb, timestamp, timestamp, timestamp)
     'The occurrences (local wall-clock times) of a compiled recurrence rule in [lo, hi], in order.';
 
 CREATE FUNCTION pgwork.recur_upcoming(rule jsonb, dtstart timestamp, from_local timestamp, n integer)
-RETURNS SETOF timestamp LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+RETURNS SETOF timestamp LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- The first n occurrences at or after from_local, searched window by window (a window holds a
 -- few periods; a rule that matches rarely, e.g. 29 February, costs a few windows).
 DECLARE
@@ -881,7 +938,7 @@ COMMENT ON FUNCTION pgwork.recur_rule(text, timestamp, text) IS
     'A recurrence rule (RFC 5545 RRULE subset) parsed and checked, with its defaults from the first deadline.';
 
 CREATE FUNCTION pgwork.recur_compile(recur text, dtstart timestamp, tz text) RETURNS jsonb
-LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- pgwork.recur_rule, and then: the first deadline must be one of the rule's occurrences, and
 -- COUNT becomes until, the rule's last occurrence (so no evaluation ever counts from the start).
 DECLARE
@@ -913,7 +970,7 @@ COMMENT ON FUNCTION pgwork.recur_compile(text, timestamp, text) IS
 
 CREATE FUNCTION pgwork.recur_preview(recur text, due_local timestamp, due_tz text, n integer DEFAULT 10)
 RETURNS TABLE (deadline_local timestamp, deadline timestamptz)
-LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- The first n deadlines of a series from its first one: what an app shows before it saves.
 -- Each local deadline becomes an instant by pgwork.local_to_instant (ambiguous: the earlier
 -- instant; in a DST gap: shifted forward by the gap); a shifted deadline that lands on the
@@ -943,6 +1000,26 @@ END
 $$;
 COMMENT ON FUNCTION pgwork.recur_preview(text, timestamp, text, integer) IS
     'The first n deadlines (local, and as instants) of a recurring series from its first deadline.';
+
+CREATE FUNCTION pgwork.series_unwanted(reminder_id bigint, recur_rule jsonb, due_local timestamp,
+                                       paused boolean, recur_skip timestamp[], recur_until timestamp,
+                                       remind_before interval[], recur_version integer,
+                                       deadline_local timestamp, occurrence interval, made_version integer)
+RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
+-- Why an occurrence of a series is no longer wanted (NULL while it is): the reminder is gone
+-- (cancelled); or it is no longer a series, is paused, dropped the remind_before entry, skips or
+-- ends before the deadline, or its rule no longer has it (superseded). The rule is evaluated only
+-- when it changed since the occurrence was made (made_version: the reminder's recur_version then).
+RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
+            WHEN recur_rule IS NULL OR paused OR deadline_local IS NULL OR NOT occurrence = ANY (remind_before)
+                 OR deadline_local = ANY (coalesce(recur_skip, '{}')) OR deadline_local > recur_until
+                THEN 'superseded'
+            WHEN made_version IS DISTINCT FROM recur_version
+                 AND NOT EXISTS (SELECT FROM pgwork.recur_between(recur_rule, due_local, deadline_local, deadline_local))
+                THEN 'superseded'
+       END;
+COMMENT ON FUNCTION pgwork.series_unwanted(bigint, jsonb, timestamp, boolean, timestamp[], timestamp, interval[], integer, timestamp, interval, integer) IS
+    'Why an occurrence of a recurring reminder is no longer wanted (cancelled, superseded), or NULL while it is.';
 
 CREATE FUNCTION pgwork.reminder_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -991,6 +1068,23 @@ BEGIN
             USING ERRCODE = 'not_null_violation', COLUMN = 'due_at', HINT = 'Set due_at, or due_local and due_tz.';
     END IF;
 
+    -- A series is anchored at its first deadline as local time; its companions need it.
+    IF NEW.recur IS NOT NULL AND NEW.due_local IS NULL THEN
+        PERFORM pgwork.recur_error(format('%s has recur but no due_local and due_tz', what),
+            'A series starts at its first deadline, as local time: set due_local and due_tz (''UTC'' for a series in UTC).',
+            'due_local');
+    END IF;
+    IF NEW.recur IS NULL AND (NEW.recur_until IS NOT NULL OR NEW.recur_skip IS NOT NULL OR NEW.paused) THEN
+        PERFORM pgwork.recur_error(format('%s sets %s but has no recur', what,
+                                          CASE WHEN NEW.recur_until IS NOT NULL THEN 'recur_until'
+                                               WHEN NEW.recur_skip IS NOT NULL THEN 'recur_skip' ELSE 'paused' END),
+            'recur_until, recur_skip and paused belong to a recurring reminder (recur).', 'recur');
+    END IF;
+    IF NEW.recur_until < NEW.due_local THEN
+        PERFORM pgwork.recur_error(format('%s has recur_until %s before due_local %s', what, NEW.recur_until, NEW.due_local),
+            'recur_until is the last local deadline the series may have.', 'recur_until');
+    END IF;
+
     -- The payload, measured as the JSON text a receiver gets (the CHECK sees the compressed size).
     size := octet_length(NEW.payload::text);
     IF size > 65536 THEN
@@ -1005,7 +1099,11 @@ BEGIN
     -- (Re)plan: every occurrence of the current schedule is due for materialisation again; ones
     -- already made for this deadline are kept by ON CONFLICT, ones retention retired by their
     -- tombstones. Ranges and counts are CHECK constraints (cheaper than checking here).
-    IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
+    IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before
+       OR (NEW.recur IS NOT NULL OR OLD.recur IS NOT NULL)
+          AND (NEW.recur IS DISTINCT FROM OLD.recur OR NEW.due_local IS DISTINCT FROM OLD.due_local
+               OR NEW.due_tz IS DISTINCT FROM OLD.due_tz OR NEW.recur_until IS DISTINCT FROM OLD.recur_until
+               OR NEW.recur_skip IS DISTINCT FROM OLD.recur_skip OR NEW.paused IS DISTINCT FROM OLD.paused) THEN
         -- Exactly {0}: '1 mon -30 days' compares equal to 0 as an interval, so '=' is not enough.
         IF NEW.due_local IS NULL AND cardinality(NEW.remind_before) = 1
            AND array_ndims(NEW.remind_before) = 1 AND NEW.remind_before[1] = '0'
@@ -1032,15 +1130,30 @@ BEGIN
                 RAISE EXCEPTION 'pgwork: % lists the same remind_before entry twice', what
                     USING ERRCODE = 'check_violation', COLUMN = 'remind_before';
             END IF;
-            SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
-              FROM unnest(NEW.remind_before) AS x;
+            IF NEW.recur IS NULL THEN
+                SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
+                  FROM unnest(NEW.remind_before) AS x;
+            ELSE
+                -- A series (re)starts now: its deadlines before now are history, never sent. Its
+                -- progress starts at the earliest send a deadline from now can have; the
+                -- materialiser's page evaluates the rule from there (nothing is evaluated here).
+                NEW.recur_rule := pgwork.recur_compile(NEW.recur, NEW.due_local, NEW.due_tz);
+                NEW.recur_version := CASE WHEN TG_OP = 'INSERT' THEN 1 ELSE OLD.recur_version + 1 END;
+                NEW.series_from := now();
+                NEW.next_fire_at := CASE WHEN NEW.paused THEN 'infinity'
+                                         ELSE now() - (SELECT max(x) FROM unnest(NEW.remind_before) AS x) - interval '1 day' END;
+            END IF;
+        END IF;
+        IF NEW.recur IS NULL THEN
+            NEW.recur_rule := NULL;
+            NEW.series_from := NULL;
+        END IF;
+        IF TG_OP = 'UPDATE' THEN
+            NEW.planned_at := now();  -- what catch_up judges against
         END IF;
     END IF;
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
-        IF NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before THEN
-            NEW.planned_at := now();  -- what catch_up judges against
-        END IF;
     END IF;
     RETURN NEW;
 END
@@ -1055,10 +1168,12 @@ CREATE TRIGGER reminder_before_insert
           -- Compared as text: as intervals, '{1 mon -30 days}' equals '{0}'. (Another
           -- IntervalStyle spells 0 differently and only takes the slower, equally right path.)
           OR NEW.remind_before::text <> '{00:00:00}' OR NEW.next_fire_at IS NOT NULL
-          OR octet_length(NEW.payload::text) > 128)
+          OR octet_length(NEW.payload::text) > 128
+          OR NEW.recur IS NOT NULL OR NEW.recur_until IS NOT NULL OR NEW.recur_skip IS NOT NULL OR NEW.paused)
     EXECUTE FUNCTION pgwork.reminder_before_write();
 CREATE TRIGGER reminder_before_update
-    BEFORE UPDATE OF source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload
+    BEFORE UPDATE OF source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
+                     recur, recur_until, recur_skip, paused
     ON pgwork.reminder FOR EACH ROW EXECUTE FUNCTION pgwork.reminder_before_write();
 
 -- Unclaimed work for a schedule that no longer holds is closed at once; work already claimed is
@@ -1069,18 +1184,42 @@ CREATE TRIGGER reminder_before_update
 -- taken while little work was live made it add a scan of all of work_claimable (a BitmapAnd), and
 -- every app's move or delete of a reminder read every live work row of every channel.
 CREATE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
 BEGIN
-    UPDATE pgwork.renewal_work
-       SET status = 'superseded', finished_at = now()
-     WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
-       AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before));
+    IF NEW.recur_rule IS NULL THEN
+        UPDATE pgwork.renewal_work
+           SET status = 'superseded', finished_at = now()
+         WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
+           AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL);
+    ELSE
+        -- A series' edit: unsent occurrences it no longer has are superseded ...
+        UPDATE pgwork.renewal_work w
+           SET status = 'superseded', finished_at = now()
+         WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+           AND pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
+                                      NEW.recur_until, NEW.remind_before, NEW.recur_version,
+                                      w.deadline_local, w.occurrence, NULL) IS NOT NULL;
+        -- ... and the others follow the zone (same local deadline, same key) and the version.
+        UPDATE pgwork.renewal_work w
+           SET deadline = n.deadline, due_at = n.due_at,
+               available_at = CASE WHEN w.attempts = 0 THEN n.due_at ELSE w.available_at END,
+               recur_version = NEW.recur_version
+          FROM (SELECT x.id, pgwork.local_to_instant(x.deadline_local, NEW.due_tz) AS deadline,
+                       pgwork.fire_at(pgwork.local_to_instant(x.deadline_local, NEW.due_tz), x.deadline_local,
+                                      NEW.due_tz, x.occurrence) AS due_at
+                  FROM pgwork.renewal_work x
+                 WHERE x.reminder_id = NEW.id AND x.status IS NOT DISTINCT FROM 'ready') AS n
+         WHERE w.id = n.id;
+    END IF;
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER reminder_after_reschedule
-    AFTER UPDATE OF due_at, remind_before ON pgwork.reminder FOR EACH ROW
-    WHEN (OLD.due_at IS DISTINCT FROM NEW.due_at OR OLD.remind_before IS DISTINCT FROM NEW.remind_before)
+    AFTER UPDATE OF due_at, remind_before, due_local, due_tz, recur, recur_until, recur_skip, paused
+    ON pgwork.reminder FOR EACH ROW
+    WHEN (OLD.due_at IS DISTINCT FROM NEW.due_at OR OLD.remind_before IS DISTINCT FROM NEW.remind_before
+          OR OLD.recur_version IS DISTINCT FROM NEW.recur_version
+          OR (OLD.recur_rule IS NULL) <> (NEW.recur_rule IS NULL))
     EXECUTE FUNCTION pgwork.reminder_after_reschedule();
 
 CREATE FUNCTION pgwork.reminder_after_delete() RETURNS trigger
@@ -1109,7 +1248,8 @@ BEGIN
 END
 $$;
 CREATE TRIGGER reminder_notify
-    AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before ON pgwork.reminder
+    AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before, recur, recur_until, recur_skip, paused
+    ON pgwork.reminder
     FOR EACH ROW WHEN (coalesce(NEW.next_fire_at, NEW.due_at) <= now() + interval '1 hour')
     EXECUTE FUNCTION pgwork.reminder_notify();
 
@@ -1216,19 +1356,37 @@ CREATE POLICY reminder_by_source ON pgwork.reminder
 -- such a condition sees only the caller's rows. Equality on text is leakproof and still reaches
 -- the index.
 CREATE VIEW pgwork.reminder_status WITH (security_barrier) AS
-SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before,
-       pgwork.fire_at(r.due_at, r.due_local, r.due_tz, b.before) AS send_at,
-       coalesce(w.status, t.status, 'scheduled') AS status,
+SELECT r.source, r.business_key, k.deadline, b.before AS remind_before,
+       pgwork.fire_at(k.deadline, k.deadline_local, r.due_tz, b.before) AS send_at,
+       coalesce(w.status, t.status, CASE WHEN r.paused THEN 'paused' ELSE 'scheduled' END) AS status,
        coalesce(w.attempts, 0) AS attempts,
        coalesce(w.finished_at, t.finished_at) AS finished_at,
        coalesce(w.operation_id, t.operation_id) AS operation_id,
-       (w.id IS NULL AND t.reminder_id IS NOT NULL) AS retired
+       (w.id IS NULL AND t.reminder_id IS NOT NULL) AS retired,
+       k.deadline_local, r.recur
   FROM pgwork.reminder r
+ -- A one-off reminder's deadline; a series' next deadline (the first from now that it still
+ -- has: not skipped, not past its end, not before its start), none once it has ended.
+ CROSS JOIN LATERAL (
+       SELECT r.due_at AS deadline, CASE WHEN r.due_local IS NOT NULL THEN r.due_local END AS deadline_local
+        WHERE r.recur_rule IS NULL
+       UNION ALL
+       SELECT pgwork.local_to_instant(x.dl, r.due_tz), x.dl
+         FROM pgwork.recur_upcoming(r.recur_rule, r.due_local,
+                                    greatest(now(), r.series_from) AT TIME ZONE r.due_tz - interval '1 day', 64) AS x(dl)
+        WHERE r.recur_rule IS NOT NULL AND x.dl <> ALL (coalesce(r.recur_skip, '{}'))
+          AND (r.recur_until IS NULL OR x.dl <= r.recur_until)
+          AND pgwork.local_to_instant(x.dl, r.due_tz) >= greatest(now(), r.series_from)
+        ORDER BY 2 LIMIT 1) AS k
  CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
   LEFT JOIN pgwork.renewal_work w
-    ON w.reminder_id = r.id AND w.deadline = r.due_at AND w.occurrence = b.before
+    ON w.reminder_id = r.id AND w.occurrence = b.before
+   AND (CASE WHEN r.recur_rule IS NULL THEN w.deadline = k.deadline AND w.deadline_local IS NULL
+             ELSE w.deadline_local = k.deadline_local END)
   LEFT JOIN pgwork.retired t
-    ON t.reminder_id = r.id AND t.deadline = r.due_at AND t.occurrence = b.before
+    ON t.reminder_id = r.id AND t.occurrence = b.before
+   AND (CASE WHEN r.recur_rule IS NULL THEN t.deadline = k.deadline AND t.deadline_local IS NULL
+             ELSE t.deadline_local = k.deadline_local END)
  -- The view reads as its owner: with row-level security on, it shows an app only its sources.
  WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
     OR (SELECT pgwork.rls_exempt())
@@ -1236,7 +1394,138 @@ SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before
 COMMENT ON VIEW pgwork.reminder_status IS
     'Each occurrence of each current reminder and where it stands: scheduled (not yet materialised), '
     'ready, claimed, delivered, dead. retired: its work row was removed by retention (status is the '
-    'outcome it had; attempts are no longer known); it is never sent again.';
+    'outcome it had; attempts are no longer known); it is never sent again. A recurring reminder '
+    'shows its next deadline (deadline_local: as local time; paused while the series is).';
+
+-- A page's recurring reminders (series), called by the page only when it has one (so the plan of
+-- the one-off path stays what it was): for each, the local deadlines whose sends may fall between
+-- its progress and the cutoff, their sends judged by the channel's catch_up, inserted keyed by
+-- their local deadline; returns each reminder's new progress and what was made. Runs inside the
+-- page's statement and transaction (the reminders are locked by it); never claims (a series'
+-- occurrence due now is claimed by the next claim, one hop later).
+CREATE FUNCTION pgwork.materialise_series(ids bigint[], cutoff timestamptz)
+RETURNS TABLE (id bigint, next_fire_at timestamptz, made bigint, made_due bigint, skipped bigint,
+               made_ready bigint, earliest_made timestamptz)
+LANGUAGE plpgsql VOLATILE SET jit = off AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH due AS MATERIALIZED (
+        SELECT r.id, r.source, r.business_key, r.due_local, r.due_tz, r.remind_before, r.channel,
+               r.next_fire_at, coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
+               r.recur_rule, r.recur_skip, r.recur_until, r.series_from, r.recur_version,
+               materialise_series.cutoff AS cutoff
+          FROM pgwork.reminder r
+         WHERE r.id = ANY (materialise_series.ids) AND r.recur_rule IS NOT NULL
+    ), windows AS MATERIALIZED (
+        -- A recurring reminder (a series): the local deadlines whose sends may fall between its
+        -- progress and the cutoff, from its progress plus its shortest remind_before entry (never
+        -- before the series' start) to the cutoff plus its longest and a span in which the rule
+        -- has its next deadline if it has one every period; a day more each side for DST.
+        SELECT d.id, d.recur_rule, d.due_local, d.due_tz, b.longest,
+               greatest((d.next_fire_at AT TIME ZONE d.due_tz) + b.shortest,
+                        d.series_from AT TIME ZONE d.due_tz) - interval '1 day' AS lo,
+               (d.cutoff AT TIME ZONE d.due_tz) + b.longest
+                 + (d.recur_rule->>'interval')::integer
+                   * CASE d.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
+                                                WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS hi,
+               least(coalesce((d.recur_rule->>'until')::timestamp, 'infinity'),
+                     coalesce(d.recur_until, 'infinity')) AS last_local
+          FROM due d
+         CROSS JOIN LATERAL (SELECT min(x) AS shortest, max(x) AS longest FROM unnest(d.remind_before) AS x) AS b
+         WHERE d.recur_rule IS NOT NULL
+    ), deadlines AS MATERIALIZED (
+        -- Its deadlines in the window, each as an instant (pgwork.local_to_instant), without the
+        -- skipped ones and the history before the series' start; two deadlines on one instant (a
+        -- time shifted by a DST gap onto another of the series) are one: the one not shifted.
+        SELECT DISTINCT ON (k.id, k.deadline_at) k.id, k.dl, k.deadline_at
+          FROM (SELECT w.id, x.dl, pgwork.local_to_instant(x.dl, w.due_tz) AS deadline_at, w.due_tz
+                  FROM windows w
+                 CROSS JOIN LATERAL pgwork.recur_between(w.recur_rule, w.due_local, w.lo, least(w.hi, w.last_local)) AS x(dl)) AS k
+          JOIN due d ON d.id = k.id
+         WHERE k.dl <> ALL (coalesce(d.recur_skip, '{}')) AND k.deadline_at >= d.series_from
+         ORDER BY k.id, k.deadline_at, (k.deadline_at AT TIME ZONE k.due_tz) <> k.dl, k.dl
+    ), fires AS MATERIALIZED (
+        -- Each deadline x remind_before entry; the channel's catch_up judges the sends that fired
+        -- before the series was written or last edited (never a deadline before it: history).
+        SELECT d.id, d.source, d.business_key, k.deadline_at AS due_at, d.channel, b.before,
+               d.next_fire_at AS progress,
+               pgwork.fire_at(k.deadline_at, k.dl, d.due_tz, b.before) AS fire_at,
+               greatest(d.planned_at, d.series_from) AS planned_at, d.cutoff, d.traceparent, d.tracestate,
+               k.dl, d.recur_version
+          FROM deadlines k
+          JOIN due d ON d.id = k.id
+         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+    ), occ AS MATERIALIZED (
+        SELECT f.*,
+               pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,
+                                          max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                              OVER (PARTITION BY f.id)) AS skip,
+               ch.catch_up
+          FROM fires f
+          LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+    ), made AS (
+        -- A series' occurrences, identified by their local deadline (work_series_occurrence_unique),
+        -- so a zone edit or a time zone data update never makes a second one. A tombstone of the
+        -- same local deadline stops it, and so does a row of another local deadline on the same
+        -- instant (the same send, made before an edit).
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                deadline_local, recur_version)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.series_operation_id(o.id, o.source, o.business_key, o.dl, o.before),
+               o.fire_at,
+               CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
+               CASE WHEN o.skip THEN now() END,
+               CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its series was written or edited (%s)',
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               o.dl, o.recur_version
+          FROM occ o
+         WHERE o.fire_at <= o.cutoff
+           AND o.fire_at >= o.progress
+           AND (SELECT true FROM pgwork.retired t
+                 WHERE t.reminder_id = o.id AND t.deadline_local = o.dl AND t.occurrence = o.before
+                 LIMIT 1) IS NULL
+           AND (SELECT true FROM pgwork.renewal_work x
+                 WHERE x.reminder_id = o.id AND x.deadline = o.due_at AND x.occurrence = o.before
+                   AND x.deadline_local IS DISTINCT FROM o.dl
+                 LIMIT 1) IS NULL
+            ON CONFLICT (reminder_id, deadline_local, occurrence) WHERE deadline_local IS NOT NULL DO UPDATE
+           SET status = excluded.status, available_at = excluded.available_at,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate,
+               deadline = excluded.deadline, due_at = excluded.due_at, recur_version = excluded.recur_version
+         WHERE w.status = 'superseded'
+        RETURNING w.reminder_id, w.status, w.due_at
+    ), nxt AS (
+        -- Its first send past the cutoff in the window, but never later than the earliest send
+        -- of a deadline past the window (not looked at yet), less a day for DST; with nothing in
+        -- the window, that bound is a probe. 'infinity' once the window reached the series' end.
+        SELECT w.id,
+               CASE WHEN w.hi >= w.last_local THEN coalesce(f.next_at, 'infinity')
+                    ELSE least(f.next_at, pgwork.local_to_instant(w.hi - w.longest, w.due_tz) - interval '1 day') END
+                 AS next_fire_at
+          FROM windows w
+          LEFT JOIN (SELECT o.id, min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff) AS next_at
+                       FROM occ o
+                      GROUP BY o.id) AS f ON f.id = w.id
+    )
+    SELECT n.id, n.next_fire_at,
+           count(m.reminder_id),
+           count(m.reminder_id) FILTER (WHERE m.due_at <= now() AND m.status = 'ready'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'expired'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'ready'),
+           min(m.due_at)
+      FROM nxt n
+      LEFT JOIN made m ON m.reminder_id = n.id
+     GROUP BY n.id, n.next_fire_at;
+END
+$$;
+COMMENT ON FUNCTION pgwork.materialise_series(bigint[], timestamptz) IS
+    'The materialiser''s page for its recurring reminders (called by materialise_page only).';
+REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;
 
 -- ---------------------------------------------------------------------------------------------
 -- The materialiser's page, in one call (one round trip from the daemon)
@@ -1293,7 +1582,8 @@ RETURNS TABLE (
     id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
     occurrence interval, due_at timestamptz, channel text, operation_id uuid, status text,
     attempts integer, attempts_base integer, lease integer, retry_since timestamptz,
-    prev_status text, recipient text, payload text, traceparent text, tracestate text)
+    prev_status text, recipient text, payload text, traceparent text, tracestate text,
+    deadline_local timestamp, time_zone text)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -1322,7 +1612,8 @@ BEGIN
     ), due AS MATERIALIZED (
         SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
                r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
-               coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate
+               coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
+               r.series_from
           FROM pgwork.reminder r
          WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
            AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
@@ -1337,16 +1628,22 @@ BEGIN
                d.planned_at, (SELECT p.cutoff FROM params p) AS cutoff, d.traceparent, d.tracestate
           FROM due d
          CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+         WHERE d.series_from IS NULL
+    ), series AS MATERIALIZED (
+        -- Recurring reminders are made by pgwork.materialise_series, called only when the page
+        -- has one (the one-off path's plan stays as small as it was).
+        SELECT s.*
+          FROM (SELECT array_agg(d.id) AS ids FROM due d WHERE d.series_from IS NOT NULL) AS a
+         CROSS JOIN LATERAL pgwork.materialise_series(a.ids, (SELECT p.cutoff FROM params p)) AS s
+         WHERE a.ids IS NOT NULL
     ), occ AS MATERIALIZED (
         -- The channel's catch_up policy for occurrences that fired before the schedule was
         -- written: all are sent; latest: only the most recent of them; none: none. The others
         -- are closed as expired, with the reason.
         SELECT f.*,
-               CASE coalesce(ch.catch_up, 'all')
-                    WHEN 'none' THEN f.fire_at < f.planned_at
-                    WHEN 'latest' THEN f.fire_at < max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
-                                                    OVER (PARTITION BY f.id)
-                    ELSE false END AS skip,
+               pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,
+                                          max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                              OVER (PARTITION BY f.id)) AS skip,
                ch.catch_up
           FROM fires f
           LEFT JOIN pgwork.channel ch ON ch.name = f.channel
@@ -1410,6 +1707,8 @@ BEGIN
         SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
           FROM occ o
          GROUP BY o.id
+        UNION ALL
+        SELECT s.id, s.next_fire_at FROM series s
     ), advanced AS (
         -- By ctid: the rows are locked by this statement, and a join on id would scan the table.
         UPDATE pgwork.reminder r
@@ -1420,12 +1719,15 @@ BEGIN
     ), figures AS (
         SELECT (SELECT p.cutoff FROM params p) AS cutoff,
                (SELECT count(*) FROM due) AS scanned,
-               (SELECT count(*) FROM made) AS made,
-               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
-               (SELECT count(*) FROM made m WHERE m.status = 'expired') AS skipped,
+               (SELECT count(*) FROM made) + (SELECT coalesce(sum(s.made), 0) FROM series s)::bigint AS made,
+               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed'))
+                 + (SELECT coalesce(sum(s.made_due), 0) FROM series s)::bigint AS made_due,
+               (SELECT count(*) FROM made m WHERE m.status = 'expired')
+                 + (SELECT coalesce(sum(s.skipped), 0) FROM series s)::bigint AS skipped,
                (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
-                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')) AS n) AS notified,
-               (SELECT min(m.due_at) FROM made m) AS earliest_made,
+                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')
+                                          OR EXISTS (SELECT 1 FROM series s WHERE s.made_ready > 0)) AS n) AS notified,
+               least((SELECT min(m.due_at) FROM made m), (SELECT min(s.earliest_made) FROM series s)) AS earliest_made,
                l.next_fire_at AS last_at, l.id AS last_id
           FROM (SELECT 1) AS one
           LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
@@ -1433,7 +1735,8 @@ BEGIN
         -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
         SELECT m.id, m.reminder_id, m.source, m.business_key, m.deadline, m.occurrence, m.due_at,
                m.channel, m.operation_id, m.status, m.attempts, m.attempts_base, m.lease, m.retry_since,
-               'ready'::text AS prev_status, r.recipient, r.payload::text AS payload, m.traceparent, m.tracestate
+               'ready'::text AS prev_status, r.recipient, r.payload::text AS payload, m.traceparent, m.tracestate,
+               NULL::timestamp AS deadline_local, NULL::text AS time_zone
           FROM made m
           JOIN pgwork.reminder r ON r.id = m.reminder_id
          WHERE m.status = 'claimed'
@@ -1442,7 +1745,7 @@ BEGIN
            f.last_at, f.last_id,
            c.id, c.reminder_id, c.source, c.business_key, c.deadline, c.occurrence, c.due_at,
            c.channel, c.operation_id, c.status, c.attempts, c.attempts_base, c.lease, c.retry_since,
-           c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate
+           c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate, c.deadline_local, c.time_zone
       FROM figures f
       LEFT JOIN claimed c ON true
      ORDER BY c.due_at, c.id;
@@ -1474,9 +1777,9 @@ BEGIN
         -- UPDATE of source and business_key is granted so that the trigger, not a bare
         -- "permission denied", tells an app they cannot change.
         GRANT INSERT (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
-                      traceparent, tracestate),
+                      traceparent, tracestate, recur, recur_until, recur_skip, paused),
               UPDATE (source, business_key, due_at, due_local, due_tz, remind_before, channel, recipient, payload,
-                      traceparent, tracestate)
+                      traceparent, tracestate, recur, recur_until, recur_skip, paused)
               ON pgwork.reminder TO pgwork_app;
         GRANT SELECT ON pgwork.reminder_status, pgwork.time_zone, pgwork.app_source TO pgwork_app;
         -- Of a channel, what an app needs to pick one: not the receiver's state (throttle_reason
@@ -1521,6 +1824,7 @@ BEGIN
               pgwork.daemon, pgwork.lane TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
+        GRANT EXECUTE ON FUNCTION pgwork.materialise_series TO pgwork_daemon;
         BEGIN
             -- The xmin-horizon gauge reads other sessions' backend_xmin.
             GRANT pg_read_all_stats TO pgwork_daemon;

@@ -484,6 +484,10 @@ class Claimed(NamedTuple):
     #: W3C trace context the reminder was written with (None: none).
     traceparent: str | None
     tracestate: str | None
+    #: An occurrence of a recurring reminder: its deadline as local time, and the zone (None
+    #: for a one-off).
+    deadline_local: datetime | None
+    time_zone: str | None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
 from ..config import ChannelConfig
@@ -78,6 +79,10 @@ class Delivery(Occurrence):
     #: span, a child of it); None: none.
     traceparent: str | None = None
     tracestate: str | None = None
+    #: An occurrence of a recurring reminder: which deadline of the series this is, as local
+    #: wall-clock time in ``time_zone`` (None for a one-off reminder).
+    deadline_local: datetime | None = None
+    time_zone: str | None = None
 
     @classmethod
     def from_claim(
@@ -106,6 +111,8 @@ class Delivery(Occurrence):
             attempt=row.attempts,
             traceparent=traceparent,
             tracestate=tracestate,
+            deadline_local=row.deadline_local,
+            time_zone=row.time_zone,
         )
         return d
 
@@ -131,6 +138,13 @@ class Delivery(Occurrence):
             },
             separators=(",", ":"),
         )
+        if self.deadline_local is not None:
+            # An occurrence of a series: which deadline of it this is ("April's rent").
+            series = json.dumps(
+                {"deadline_local": self.deadline_local.isoformat(), "time_zone": self.time_zone},
+                separators=(",", ":"),
+            )
+            head = f"{head[:-1]},{series[1:]}"
         return f'{head[:-1]},"payload":{self.payload_json}}}'
 
     def document(self) -> dict[str, Any]:

@@ -321,14 +321,18 @@ WITH gate AS MATERIALIZED (
 ), judged AS (
     SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
            w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
-           coalesce(pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence),
+           coalesce(CASE WHEN w.deadline_local IS NULL
+                         THEN pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence)
+                         ELSE pgwork.series_unwanted(r.id, r.recur_rule, r.due_local, r.paused, r.recur_skip,
+                                                     r.recur_until, r.remind_before, r.recur_version,
+                                                     w.deadline_local, w.occurrence, w.recur_version) END,
                     -- Counted from the last redrive when there was one: a redrive says "send it".
                     CASE WHEN greatest(w.due_at, w.redriven_at) + %(expire_after)s::interval < now() THEN 'expired'
                          WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
                          ELSE 'claimed' END) AS verdict,
            -- The payload as text: nothing in the claim decodes it (one undecodable payload
            -- cannot fail a batch), and receivers get it exactly as stored.
-           r.recipient, r.payload::text AS payload
+           r.recipient, r.payload::text AS payload, r.due_tz
       -- The candidates as one array: read by primary key whatever the planner estimates
       -- (joined to candidate, a generic plan that took its LIMIT as a tenth of the table
       -- hashed the whole table: 40 ms for 100 rows).
@@ -357,7 +361,7 @@ WITH gate AS MATERIALIZED (
               w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
               coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
               w.traceparent, w.tracestate, j.prev_status, j.prev_lease, j.prev_attempts, j.prev_claimed_at, j.prev_claimed_by,
-              j.recipient, j.payload
+              j.recipient, j.payload, w.deadline_local, CASE WHEN w.deadline_local IS NOT NULL THEN j.due_tz END AS time_zone
 ), spent AS (
     -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
     UPDATE pgwork.channel c
@@ -377,7 +381,7 @@ WITH gate AS MATERIALIZED (
 )
 SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, u.due_at,
        u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease, u.retry_since,
-       u.prev_status, u.recipient, u.payload, u.traceparent, u.tracestate
+       u.prev_status, u.recipient, u.payload, u.traceparent, u.tracestate, u.deadline_local, u.time_zone
   FROM (SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)) AS commit_mode,
        updated u
  ORDER BY u.due_at, u.id
@@ -632,7 +636,11 @@ SELECT lease, attempt, outcome, daemon_id, host, pid, started_at, finished_at, h
 -- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
 WITH target AS (
     SELECT w.id,
-           coalesce(pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence),
+           coalesce(CASE WHEN w.deadline_local IS NULL
+                         THEN pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence)
+                         ELSE pgwork.series_unwanted(r.id, r.recur_rule, r.due_local, r.paused, r.recur_skip,
+                                                     r.recur_until, r.remind_before, r.recur_version,
+                                                     w.deadline_local, w.occurrence, w.recur_version) END,
                     'ok') AS verdict
       FROM pgwork.renewal_work w
       LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
@@ -741,13 +749,18 @@ WITH lock AS MATERIALIZED (
        AND pgwork.is_terminal(w.status)
        AND w.finished_at < CASE WHEN w.status = 'dead' THEN %(dead_before)s::timestamptz
                                 ELSE %(done_before)s::timestamptz END
-    RETURNING w.id, w.reminder_id, w.deadline, w.occurrence, w.status, w.operation_id, w.finished_at
+    RETURNING w.id, w.reminder_id, w.deadline, w.occurrence, w.status, w.operation_id, w.finished_at,
+              w.deadline_local
 ), tombstones AS (
-    INSERT INTO pgwork.retired (reminder_id, deadline, occurrence, status, operation_id, finished_at)
-    SELECT g.reminder_id, g.deadline, g.occurrence, g.status, g.operation_id, g.finished_at
+    INSERT INTO pgwork.retired (reminder_id, deadline, occurrence, status, operation_id, finished_at, deadline_local)
+    SELECT g.reminder_id, g.deadline, g.occurrence, g.status, g.operation_id, g.finished_at, g.deadline_local
       FROM gone g
      WHERE g.status IN ('delivered', 'dead', 'expired')
        AND EXISTS (SELECT 1 FROM pgwork.reminder r WHERE r.id = g.reminder_id)
+       -- An occurrence of a series can only be made again while its deadline is ahead (an edit
+       -- restarts a series from now, never earlier): one whose deadline passed (two days, for
+       -- a zone edit) needs no tombstone, so a long-lived series leaves none behind.
+       AND (g.deadline_local IS NULL OR g.deadline >= now() - interval '2 days')
         ON CONFLICT DO NOTHING
     RETURNING 1
 ), ledger AS (

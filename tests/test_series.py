@@ -1,0 +1,363 @@
+"""Recurring reminders (issue 27): a series is one reminder row; each deadline x remind_before
+entry is its own occurrence, made as it comes due, sent once, keyed by its local deadline.
+
+Cases that span months run the materialiser's page with explicit cutoffs (the page takes its
+cutoff as a parameter) instead of waiting; the production path reads now(). One case runs a
+daemon on real time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgwork import db
+from pgwork.duties import materialise as materialiser
+
+from . import sink
+from .helpers import claim, config, rows, running, until
+from .test_retention import clean
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
+
+UTC = dt.UTC
+
+
+def utc(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+async def series(
+    conn: psycopg.AsyncConnection[Any],
+    key: str,
+    recur: str,
+    due_local: str,
+    tz: str,
+    before: str = "{0}",
+    **more: Any,
+) -> int:
+    cols = ", ".join(more)
+    vals = ", ".join(["%s"] * len(more))
+    cur = await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, remind_before, "
+        f"channel, recipient{', ' + cols if more else ''}) "
+        f"VALUES ('app', %s, %s, %s, %s, %s::interval[], 'test', 'r'{', ' + vals if more else ''}) "
+        "RETURNING id",
+        (key, due_local, tz, recur, before, *more.values()),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def page(dsn: str, cutoff: dt.datetime) -> None:
+    """One materialiser pass up to an explicit cutoff (what a pass at that time would make)."""
+    async with await db.connect(dsn) as c:
+        assert await materialiser.run_once(c, lookahead=0, page_size=100, cutoff=cutoff)
+
+
+async def made(conn: psycopg.AsyncConnection[Any], key: str = "rent") -> list[dict[str, Any]]:
+    return await rows(
+        conn,
+        "SELECT deadline_local, deadline, occurrence, due_at, status, operation_id "
+        "FROM pgwork.renewal_work WHERE business_key = %s ORDER BY due_at, id",
+        (key,),
+    )
+
+
+async def test_rent_in_berlin_each_send_once_as_it_comes_due(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await series(
+        conn, "rent", "FREQ=MONTHLY;BYMONTHDAY=1", "2027-01-01 09:00", "Europe/Berlin",
+        "{7 days, 0}",
+    )  # fmt: skip
+    # Before March's seven-day notice is due, nothing of March exists.
+    await page(dsn, utc("2027-02-22 07:59"))
+    assert [r["due_at"] for r in await made(conn)] == [
+        utc("2026-12-25 08:00"), utc("2027-01-01 08:00"), utc("2027-01-25 08:00"),
+        utc("2027-02-01 08:00"),
+    ]  # fmt: skip
+    # Across the change to summer time (28 March): the April notice at 09:00 CET, April 1 at
+    # 09:00 CEST. Before April 1 only its seven-day notice exists.
+    await page(dsn, utc("2027-04-01 06:55"))
+    got = await made(conn)
+    assert [r["due_at"] for r in got][4:] == [
+        utc("2027-02-22 08:00"), utc("2027-03-01 08:00"), utc("2027-03-25 08:00"),
+    ]  # fmt: skip
+    await page(dsn, utc("2027-04-01 07:00"))
+    got = await made(conn)
+    assert got[-1]["due_at"] == utc("2027-04-01 07:00")
+    assert got[-1]["deadline_local"] == dt.datetime(2027, 4, 1, 9, 0)
+    assert len(got) == 8 and len({r["operation_id"] for r in got}) == 8
+    # Passes again, late or repeated, make nothing more; the series is still one reminder row.
+    await page(dsn, utc("2027-03-01 00:00"))
+    await page(dsn, utc("2027-04-01 07:00"))
+    assert len(await made(conn)) == 8
+    assert len(await rows(conn, "SELECT id FROM pgwork.reminder")) == 1
+    # Nothing beyond the cutoff: May's notice comes with a later pass.
+    (r,) = await rows(conn, "SELECT next_fire_at FROM pgwork.reminder")
+    assert r["next_fire_at"] == utc("2027-04-24 07:00")
+
+
+async def test_a_daily_series_through_the_london_gap_and_the_new_york_overlap(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await series(conn, "gap", "FREQ=DAILY", "2027-03-27 01:30", "Europe/London")
+    await series(
+        conn, "twice", "FREQ=DAILY;BYHOUR=1,2;BYMINUTE=30", "2027-03-27 01:30", "Europe/London"
+    )
+    await series(conn, "overlap", "FREQ=DAILY", "2027-11-06 01:30", "America/New_York")
+    await page(dsn, utc("2027-03-29 01:00"))
+    assert [r["due_at"] for r in await made(conn, "gap")] == [
+        utc("2027-03-27 01:30"), utc("2027-03-28 01:30"), utc("2027-03-29 00:30"),
+    ]  # fmt: skip
+    # 01:30 shifted by the gap is 02:30 BST, also an occurrence: one send.
+    assert [r["due_at"] for r in await made(conn, "twice")] == [
+        utc("2027-03-27 01:30"), utc("2027-03-27 02:30"), utc("2027-03-28 01:30"),
+        utc("2027-03-29 00:30"),
+    ]  # fmt: skip
+    await page(dsn, utc("2027-11-08 07:00"))
+    assert [r["due_at"] for r in await made(conn, "overlap")] == [
+        utc("2027-11-06 05:30"), utc("2027-11-07 05:30"), utc("2027-11-08 06:30"),
+    ]  # fmt: skip
+
+
+async def test_a_sparse_rule_costs_a_few_probes_not_a_row_per_year(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await series(conn, "leap", "FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=29", "2028-02-29 09:00", "UTC")
+    visits = 0
+    cutoff = utc("2028-03-01 00:00")
+    while cutoff < utc("2032-03-01 00:00"):
+        await page(dsn, cutoff)
+        visits += 1
+        (r,) = await rows(conn, "SELECT next_fire_at FROM pgwork.reminder")
+        assert r["next_fire_at"] > cutoff  # progress always moves on
+        cutoff = r["next_fire_at"]
+    assert [r["due_at"] for r in await made(conn, "leap")] == [
+        utc("2028-02-29 09:00"), utc("2032-02-29 09:00"),
+    ]  # fmt: skip
+    assert visits <= 8
+
+
+async def test_until_count_and_the_series_end(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    await series(
+        conn, "weekdays", "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR", "2027-12-27 08:30",
+        "America/New_York", recur_until="2027-12-31 23:59",
+    )  # fmt: skip
+    await series(conn, "five", "FREQ=DAILY;COUNT=5", "2027-12-27 08:30", "America/New_York")
+    await page(dsn, utc("2028-01-10 00:00"))
+    got = await made(conn, "weekdays")
+    assert len(got) == 5 and got[-1]["due_at"] == utc("2027-12-31 13:30")
+    assert len(await made(conn, "five")) == 5
+    # Both ended: progress is 'infinity', out of the materialiser's index.
+    ended = await rows(conn, "SELECT next_fire_at = 'infinity' AS done FROM pgwork.reminder")
+    assert [r["done"] for r in ended] == [True, True]
+
+
+REFUSED = [
+    ("INSERT INTO pgwork.reminder (source, business_key, due_at, recur, channel, recipient) "
+     "VALUES ('app', 'x', now(), 'FREQ=DAILY', 'test', 'r')", "due_local"),
+    ("INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, recur_until, channel, recipient) "
+     "VALUES ('app', 'x', '2027-01-01 09:00', 'UTC', 'FREQ=DAILY', '2026-12-31', 'test', 'r')", "recur_until"),
+    ("INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
+     "VALUES ('app', 'x', '2027-01-01 09:00', 'UTC', 'FREQ=HOURLY', 'test', 'r')", "recur"),
+    ("INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
+     "VALUES ('app', 'x', '2027-01-02 09:00', 'UTC', 'FREQ=MONTHLY;BYMONTHDAY=1', 'test', 'r')", "due_local"),
+    ("INSERT INTO pgwork.reminder (source, business_key, due_at, recur_until, channel, recipient) "
+     "VALUES ('app', 'x', now(), '2027-01-01', 'test', 'r')", "recur"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sql", "column"), REFUSED)
+async def test_a_series_that_cannot_be_right_is_refused_where_it_is_written(
+    conn: psycopg.AsyncConnection[Any], sql: str, column: str
+) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await conn.execute(sql)
+    assert info.value.diag.column_name == column
+    assert await rows(conn, "SELECT id FROM pgwork.reminder") == []
+
+
+async def _day(conn: psycopg.AsyncConnection[Any], days: int) -> str:
+    """Local (UTC) 09:00, ``days`` from today."""
+    r = await rows(
+        conn, "SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + %s * interval '1 day' "
+        "+ interval '9 hours')::text AS t", (days,),
+    )  # fmt: skip
+    return str(r[0]["t"])
+
+
+async def test_edits_never_resend_and_supersede_what_left_the_series(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    d1 = await _day(conn, 1)
+    await series(conn, "rent", "FREQ=DAILY", d1, "UTC")
+    horizon = utc(d1) + dt.timedelta(days=2, hours=1)  # three deadlines
+    await page(dsn, horizon)
+    got = await made(conn)
+    assert [r["status"] for r in got] == ["ready"] * 3
+    # The first is sent.
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() "
+        "WHERE deadline_local = %s",
+        (d1,),
+    )
+    # Every other day from the first: the second leaves the series, the first stays sent.
+    await conn.execute("UPDATE pgwork.reminder SET recur = 'FREQ=DAILY;INTERVAL=2'")
+    assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
+    await page(dsn, horizon)
+    assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
+    # Another zone: the same local deadlines, the same keys; unsent ones move with the zone.
+    before = await made(conn)
+    await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/Berlin'")
+    await page(dsn, horizon)
+    after = await made(conn)
+    assert [r["operation_id"] for r in after] == [r["operation_id"] for r in before]
+    assert after[2]["deadline"] == before[2]["deadline"] - dt.timedelta(hours=1)
+    assert after[0]["deadline"] == before[0]["deadline"]  # sent: as it was
+    # Back to daily: the second deadline is in the series again and is made again, once.
+    await conn.execute("UPDATE pgwork.reminder SET recur = 'FREQ=DAILY'")
+    await page(dsn, horizon)
+    got = await made(conn)
+    assert [r["status"] for r in got] == ["delivered", "ready", "ready"]
+    # Skip the third, then end the series after the second, then pause: each closes what left.
+    d3 = await _day(conn, 3)
+    await conn.execute("UPDATE pgwork.reminder SET recur_skip = ARRAY[%s::timestamp]", (d3,))
+    assert [r["status"] for r in await made(conn)] == ["delivered", "ready", "superseded"]
+    await page(dsn, horizon)
+    assert len(await made(conn)) == 3
+    await conn.execute("UPDATE pgwork.reminder SET paused = true")
+    assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "superseded"]
+    # The status view shows the next deadline: the first, sent already (as the test had it).
+    (s,) = await rows(conn, "SELECT deadline_local, status FROM pgwork.reminder_status")
+    assert (s["deadline_local"].isoformat(sep=" "), s["status"]) == (d1, "delivered")
+    await page(dsn, horizon)
+    assert len(await made(conn)) == 3
+    # Resumed: from now on; deleted: what is unsent is cancelled.
+    await conn.execute("UPDATE pgwork.reminder SET paused = false, recur_skip = NULL")
+    await page(dsn, horizon)
+    assert [r["status"] for r in await made(conn)] == ["delivered", "ready", "ready"]
+    # The first deadline moved a year back (still an occurrence): nothing is sent for the year.
+    await conn.execute("UPDATE pgwork.reminder SET due_local = due_local - interval '365 days'")
+    await page(dsn, horizon)
+    assert [r["status"] for r in await made(conn)] == ["delivered", "ready", "ready"]
+    await conn.execute("DELETE FROM pgwork.reminder")
+    assert [r["status"] for r in await made(conn)] == ["delivered", "cancelled", "cancelled"]
+
+
+async def test_downtime_every_missed_occurrence_accounted_for(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A daily series written ten days ago, every daemon down since: its ten occurrences are
+    made, the ones past expire_after closed as expired with the reason, the last sent."""
+    first = await _day(conn, -9)
+    # Written ten days ago (as the trigger would have set it then), then nothing ran.
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
+        "VALUES ('app', 'rent', %s::timestamp + interval '1 day', 'UTC', 'FREQ=DAILY', 'test', 'r')",
+        (first,),
+    )
+    await conn.execute(
+        "UPDATE pgwork.reminder SET due_local = %s::timestamp",
+        (first,),
+    )
+    await conn.execute(
+        "UPDATE pgwork.reminder SET series_from = %s::timestamptz - interval '1 hour', "
+        "next_fire_at = %s::timestamptz - interval '1 day', planned_at = %s::timestamptz - interval '1 hour'",
+        (first + "+00", first + "+00", first + "+00"),
+    )
+    await page(dsn, dt.datetime.now(UTC))
+    got = await made(conn)
+    today_passed = got[-1]["due_at"] <= dt.datetime.now(UTC)
+    assert len(got) == (10 if today_passed else 9)
+    assert len({r["operation_id"] for r in got}) == len(got)
+    closed = await claim(dsn, expire_after=86400, limit=100)
+    # The last occurrence is within a day of its deadline: sent. Every earlier one is past
+    # expire_after: closed as expired, with the reason. None lost, none doubled.
+    verdicts = [r["status"] for r in sorted(closed, key=lambda r: r["due_at"])]
+    assert verdicts == ["expired"] * (len(got) - 1) + ["claimed"]
+    reasons = await rows(
+        conn, "SELECT last_error FROM pgwork.renewal_work WHERE status = 'expired'"
+    )
+    assert reasons and all(r["last_error"].startswith("expired: not sent by") for r in reasons)
+
+
+async def test_retention_leaves_no_tombstone_for_a_series_deadline_that_passed(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    d1 = await _day(conn, 1)
+    await series(conn, "rent", "FREQ=DAILY", d1, "UTC", "{7 days, 0}")
+    await page(dsn, dt.datetime.now(UTC) + dt.timedelta(days=1, hours=12))
+    # Everything made was sent long ago (as far as retention is concerned).
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() - interval '40 days'"
+    )
+    # One of them for a deadline that passed a week ago (made before an edit, say).
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET deadline = now() - interval '7 days' "
+        "WHERE id = (SELECT min(id) FROM pgwork.renewal_work)"
+    )
+    n = len(await made(conn))
+    res = await clean(dsn, keep=30 * 86400.0)
+    assert res.deleted == n
+    tombs = await rows(conn, "SELECT deadline_local FROM pgwork.retired")
+    # The early notices of deadlines still ahead keep a tombstone; the passed one none.
+    assert len(tombs) == n - 1
+
+
+async def test_a_daily_series_on_real_time_is_delivered_once_with_its_local_deadline(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
+        "VALUES ('app', 'standup', date_trunc('second', now() AT TIME ZONE 'Europe/Berlin') + interval '3 seconds', "
+        "'Europe/Berlin', 'FREQ=DAILY', 'test', 'team')"
+    )
+    async with running(config(lookahead=300.0), dsn):
+
+        async def sent() -> bool:
+            return len(sink.DELIVERED) >= 1
+
+        await until(sent, timeout=20, what="the first occurrence delivered")
+        await until(lambda: _status(conn, "delivered"), timeout=10, what="its outcome recorded")
+    (d,) = sink.DELIVERED
+    assert d.time_zone == "Europe/Berlin" and d.deadline_local is not None
+    assert d.document()["deadline_local"] == d.deadline_local.isoformat()
+    assert d.document()["time_zone"] == "Europe/Berlin"
+    # Tomorrow's occurrence is not made (it is beyond the look-ahead): one row in all.
+    assert len(await made(conn, "standup")) == 1
+    (s,) = await rows(conn, "SELECT deadline_local, status FROM pgwork.reminder_status")
+    assert s["deadline_local"] == d.deadline_local + dt.timedelta(days=1)
+    assert s["status"] == "scheduled"
+
+
+async def _status(conn: psycopg.AsyncConnection[Any], status: str) -> bool:
+    got = await rows(conn, "SELECT status FROM pgwork.renewal_work")
+    return [r["status"] for r in got] == [status]
+
+
+@pytest.mark.parametrize(("catch_up", "status"), [("all", "ready"), ("none", "expired")])
+async def test_an_early_send_already_past_when_written_is_judged_by_catch_up(
+    dsn: str, conn: psycopg.AsyncConnection[Any], catch_up: str, status: str
+) -> None:
+    """A daily series written today whose first deadline is tomorrow: the two-day notices of
+    tomorrow's and the next day's deadlines fell due before the write. Their deadlines are
+    ahead, so the channel's catch_up judges them (sent at once under `all`, closed as expired
+    under `none`); nothing else is due yet."""
+    await conn.execute("UPDATE pgwork.channel SET catch_up = %s WHERE name = 'test'", (catch_up,))
+    d1 = await _day(conn, 1)
+    await series(conn, "rent", "FREQ=DAILY", d1, "UTC", "{2 days, 0}")
+    await page(dsn, dt.datetime.now(UTC))
+    got = await made(conn)
+    d2 = await _day(conn, 2)  # its notice is due today at 09:00: past or not yet
+    expected = [d for d in (d1, d2) if utc(d) - dt.timedelta(days=2) <= dt.datetime.now(UTC)]
+    assert [
+        (r["deadline_local"].isoformat(sep=" "), r["occurrence"], r["status"]) for r in got
+    ] == [(d, dt.timedelta(days=2), status) for d in expected]
+    if status == "expired":
+        for r in await rows(conn, "SELECT last_error FROM pgwork.renewal_work"):
+            assert r["last_error"].startswith("skipped by catch_up = none")
