@@ -43,6 +43,7 @@ ORDER = [
     "materialise",
     "retention",
     "app_insert",
+    "series",
     "scale",
     "gauges",
     "daemons",
@@ -62,6 +63,8 @@ TARGETS = [
     ("scale", "latency_p50_ratio", ">=", 0.85),
     ("gauges", "refresh_ratio", ">=", 0.85),
     ("app_insert", "ratio", ">=", 0.80),
+    ("series", "longest_txn_ms", "<=", 1000.0),
+    ("series", "made_ahead", "<=", 0.0),
     ("memory", "peak_rss_mb", "<=", 150.0),
     ("memory", "rss_growth_pct", "<=", 5.0),
 ]

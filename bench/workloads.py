@@ -53,6 +53,8 @@ class Sizes:
     memory_seconds: float = 1200.0
     gauges_retained: int = 10_000_000
     fairness: int = 100_000
+    #: Recurring reminders (monthly series) at one crunch (issue 27).
+    series: int = 1_000_000
     #: Due sources the claim's cost is measured at (one claim of 100 rows each).
     fairness_sources: tuple[int, ...] = (1, 100, 10_000, 100_000)
 
@@ -74,6 +76,7 @@ QUICK = Sizes(
     memory_seconds=120,
     gauges_retained=1_000_000,
     fairness=100_000,
+    series=100_000,
 )
 SMOKE = Sizes(
     burndown=2_000,
@@ -92,6 +95,7 @@ SMOKE = Sizes(
     gauges_retained=20_000,
     fairness=2_000,
     fairness_sources=(1, 100, 1_000),
+    series=1_000,
 )
 
 #: The daemon's settings for throughput workloads (no-op Python channel).
@@ -937,6 +941,82 @@ async def w_app_insert(ctx: Ctx) -> dict[str, float]:
             ctx.drop(name)
     out["ratio"] = out["rows_per_s"] / out["no_triggers_rows_per_s"]
     return out
+
+
+async def w_series(ctx: Ctx) -> dict[str, float]:
+    """Recurring reminders (issue 27): n monthly rent series (09:00 Berlin on the 1st, a notice
+    seven days before) written by an app in chunks of 1,000, then the materialiser around the
+    crunch with explicit cutoffs: a pass five minutes before the month's first notices (it visits
+    every new series once and makes nothing: made_ahead), then one at the crunch, which makes
+    every notice. Insert cost against the same rows as one-off reminders."""
+    n = ctx.sizes.series
+    name, dsn = ctx.fresh()
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+            row = await (
+                await app.execute(
+                    "SELECT (date_trunc('month', now() AT TIME ZONE 'Europe/Berlin') + interval '2 months'"
+                    " + interval '9 hours')::timestamp"
+                )
+            ).fetchone()
+            assert row is not None
+            first: datetime = row[0]
+            rates = {}
+            for kind in ("series", "oneoff"):
+                t0 = time.perf_counter()
+                for start in range(0, n, 1000):
+                    keys = [f"{kind}{start + i}" for i in range(min(1000, n - start))]
+                    if kind == "series":
+                        await app.execute(
+                            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
+                            "remind_before, channel, recipient) SELECT 'rent', k, %s, 'Europe/Berlin', "
+                            "'FREQ=MONTHLY;BYMONTHDAY=1', '{7 days, 0}', 'noop', 'r' FROM unnest(%s::text[]) k",
+                            (first, keys),
+                        )
+                    else:  # far ahead: they never reach the passes below
+                        await app.execute(
+                            "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, "
+                            "channel, recipient) SELECT 'once', k, now() + interval '400 days', "
+                            "'{7 days, 0}', 'noop', 'r' FROM unnest(%s::text[]) k",
+                            (keys,),
+                        )
+                rates[kind] = n / (time.perf_counter() - t0)
+            notice = await (
+                await app.execute(
+                    "SELECT pgwork.local_to_instant(%s::timestamp - interval '7 days', 'Europe/Berlin')",
+                    (first,),
+                )
+            ).fetchone()
+            assert notice is not None
+        async with await db.connect(dsn) as c:
+            await prepare_measure(c)
+            t0 = time.perf_counter()
+            ahead = await materialiser.run_once(
+                c,
+                lookahead=0,
+                page_size=Config().page_size,
+                cutoff=notice[0] - timedelta(minutes=5),
+            )
+            visit_s = time.perf_counter() - t0
+            with CpuMeter(ctx.postmaster) as cpu:
+                res = await materialiser.run_once(
+                    c,
+                    lookahead=0,
+                    page_size=Config().page_size,
+                    cutoff=notice[0] + timedelta(minutes=1),
+                )
+            assert ahead is not None and res is not None and res.made == n
+        return {
+            "rows_per_s": n / cpu.elapsed,
+            "longest_txn_ms": res.longest_page * 1000,
+            "made_ahead": float(ahead.made),
+            "first_visit_us": visit_s / n * 1e6,
+            "insert_rows_per_s": rates["series"],
+            "insert_ratio_to_oneoff": rates["series"] / rates["oneoff"],
+            **cpu.as_dict(),
+        }
+    finally:
+        ctx.drop(name)
 
 
 # -- 9. memory -----------------------------------------------------------------------------

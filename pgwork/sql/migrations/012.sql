@@ -778,7 +778,12 @@ COMMENT ON FUNCTION pgwork.skipped_by_catch_up(text, timestamptz, timestamptz, t
 CREATE FUNCTION pgwork.materialise_series(ids bigint[], cutoff timestamptz)
 RETURNS TABLE (id bigint, next_fire_at timestamptz, made bigint, made_due bigint, skipped bigint,
                made_ready bigint, earliest_made timestamptz)
-LANGUAGE plpgsql VOLATILE SET jit = off AS $$
+-- Every table it reads is read by key (a reminder by id, a tombstone or a work row by its
+-- reminder's key): no sequential scan, whatever the statistics say. Taken while renewal_work was
+-- empty, they made the probe for other local deadlines on the same instant a scan of the whole
+-- table, once per occurrence made (tests/test_series.py::
+-- test_a_series_page_probes_by_key_whatever_the_statistics_say).
+LANGUAGE plpgsql VOLATILE SET jit = off SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
