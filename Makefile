@@ -47,7 +47,7 @@ clean: ## remove the venv, caches and the embedded data directory
 
 .PHONY: help run psql lint docs docs-serve test test-fast clean
 
-bench: $(VENV)/.dev ## all nine benchmark workloads, 3 interleaved rounds (about an hour; --quick: minutes)
+bench: $(VENV)/.dev ## every benchmark workload (bench/README.md), 3 interleaved rounds (about an hour; --quick: minutes)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): checks it still runs
