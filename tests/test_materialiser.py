@@ -156,6 +156,20 @@ async def test_move_after_materialisation_supersedes_then_back_revives(
     ]
 
 
+async def test_moving_a_local_deadline_supersedes_its_unsent_work_at_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A move through due_local (the app never names due_at) closes the old occurrence's ready
+    row in the same statement, as a move through due_at does; it used to wait for a claim."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, channel, recipient) "
+        "VALUES ('test', 'k', (now() AT TIME ZONE 'UTC') - interval '1 minute', 'UTC', 'test', 'r')"
+    )
+    await materialise(dsn)
+    await conn.execute("UPDATE pgwork.reminder SET due_local = due_local + interval '1 day'")
+    assert [x["status"] for x in await work(conn)] == ["superseded"]
+
+
 async def test_move_far_away_leaves_no_current_work(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
