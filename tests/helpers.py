@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -58,13 +59,16 @@ async def work(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
 
 
 async def materialise(
-    dsn: str, *, lookahead: float = 0.0, page_size: int = 1000
+    dsn: str, *, lookahead: float = 0.0, page_size: int = 1000, cutoff: datetime | None = None
 ) -> materialiser.PassResult:
-    """One materialiser pass on a daemon connection (waits if another pass holds the lock)."""
+    """One materialiser pass on a daemon connection (waits if another pass holds the lock);
+    ``cutoff``: what a pass at that instant would make (default: now plus the look-ahead)."""
     c = await db.connect(dsn)
     try:
         while True:
-            res = await materialiser.run_once(c, lookahead=lookahead, page_size=page_size)
+            res = await materialiser.run_once(
+                c, lookahead=lookahead, page_size=page_size, cutoff=cutoff
+            )
             if res is not None:
                 return res
     finally:

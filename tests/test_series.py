@@ -14,11 +14,10 @@ import psycopg
 import pytest
 
 from pgwork import db
-from pgwork.duties import materialise as materialiser
 from pgwork.queries import Q
 
 from . import sink
-from .helpers import claim, config, rows, running, until
+from .helpers import claim, config, materialise, rows, running, until
 from .test_retention import clean
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
@@ -53,12 +52,6 @@ async def series(
     return int(row[0])
 
 
-async def page(dsn: str, cutoff: dt.datetime) -> None:
-    """One materialiser pass up to an explicit cutoff (what a pass at that time would make)."""
-    async with await db.connect(dsn) as c:
-        assert await materialiser.run_once(c, lookahead=0, page_size=100, cutoff=cutoff)
-
-
 async def made(conn: psycopg.AsyncConnection[Any], key: str = "rent") -> list[dict[str, Any]]:
     return await rows(
         conn,
@@ -76,26 +69,26 @@ async def test_rent_in_berlin_each_send_once_as_it_comes_due(
         "{7 days, 0}",
     )  # fmt: skip
     # Before March's seven-day notice is due, nothing of March exists.
-    await page(dsn, utc("2027-02-22 07:59"))
+    await materialise(dsn, cutoff=utc("2027-02-22 07:59"))
     assert [r["due_at"] for r in await made(conn)] == [
         utc("2026-12-25 08:00"), utc("2027-01-01 08:00"), utc("2027-01-25 08:00"),
         utc("2027-02-01 08:00"),
     ]  # fmt: skip
     # Across the change to summer time (28 March): the April notice at 09:00 CET, April 1 at
     # 09:00 CEST. Before April 1 only its seven-day notice exists.
-    await page(dsn, utc("2027-04-01 06:55"))
+    await materialise(dsn, cutoff=utc("2027-04-01 06:55"))
     got = await made(conn)
     assert [r["due_at"] for r in got][4:] == [
         utc("2027-02-22 08:00"), utc("2027-03-01 08:00"), utc("2027-03-25 08:00"),
     ]  # fmt: skip
-    await page(dsn, utc("2027-04-01 07:00"))
+    await materialise(dsn, cutoff=utc("2027-04-01 07:00"))
     got = await made(conn)
     assert got[-1]["due_at"] == utc("2027-04-01 07:00")
     assert got[-1]["deadline_local"] == dt.datetime(2027, 4, 1, 9, 0)
     assert len(got) == 8 and len({r["operation_id"] for r in got}) == 8
     # Passes again, late or repeated, make nothing more; the series is still one reminder row.
-    await page(dsn, utc("2027-03-01 00:00"))
-    await page(dsn, utc("2027-04-01 07:00"))
+    await materialise(dsn, cutoff=utc("2027-03-01 00:00"))
+    await materialise(dsn, cutoff=utc("2027-04-01 07:00"))
     assert len(await made(conn)) == 8
     assert len(await rows(conn, "SELECT id FROM pgwork.reminder")) == 1
     # Nothing beyond the cutoff: May's notice comes with a later pass.
@@ -111,7 +104,7 @@ async def test_a_daily_series_through_the_london_gap_and_the_new_york_overlap(
         conn, "twice", "FREQ=DAILY;BYHOUR=1,2;BYMINUTE=30", "2027-03-27 01:30", "Europe/London"
     )
     await series(conn, "overlap", "FREQ=DAILY", "2027-11-06 01:30", "America/New_York")
-    await page(dsn, utc("2027-03-29 01:00"))
+    await materialise(dsn, cutoff=utc("2027-03-29 01:00"))
     assert [r["due_at"] for r in await made(conn, "gap")] == [
         utc("2027-03-27 01:30"), utc("2027-03-28 01:30"), utc("2027-03-29 00:30"),
     ]  # fmt: skip
@@ -120,7 +113,7 @@ async def test_a_daily_series_through_the_london_gap_and_the_new_york_overlap(
         utc("2027-03-27 01:30"), utc("2027-03-27 02:30"), utc("2027-03-28 01:30"),
         utc("2027-03-29 00:30"),
     ]  # fmt: skip
-    await page(dsn, utc("2027-11-08 07:00"))
+    await materialise(dsn, cutoff=utc("2027-11-08 07:00"))
     assert [r["due_at"] for r in await made(conn, "overlap")] == [
         utc("2027-11-06 05:30"), utc("2027-11-07 05:30"), utc("2027-11-08 06:30"),
     ]  # fmt: skip
@@ -133,7 +126,7 @@ async def test_a_sparse_rule_costs_a_few_probes_not_a_row_per_year(
     visits = 0
     cutoff = utc("2028-03-01 00:00")
     while cutoff < utc("2032-03-01 00:00"):
-        await page(dsn, cutoff)
+        await materialise(dsn, cutoff=cutoff)
         visits += 1
         (r,) = await rows(conn, "SELECT next_fire_at FROM pgwork.reminder")
         assert r["next_fire_at"] > cutoff  # progress always moves on
@@ -150,7 +143,7 @@ async def test_until_count_and_the_series_end(dsn: str, conn: psycopg.AsyncConne
         "America/New_York", recur_until="2027-12-31 23:59",
     )  # fmt: skip
     await series(conn, "five", "FREQ=DAILY;COUNT=5", "2027-12-27 08:30", "America/New_York")
-    await page(dsn, utc("2028-01-10 00:00"))
+    await materialise(dsn, cutoff=utc("2028-01-10 00:00"))
     got = await made(conn, "weekdays")
     assert len(got) == 5 and got[-1]["due_at"] == utc("2027-12-31 13:30")
     assert len(await made(conn, "five")) == 5
@@ -198,7 +191,7 @@ async def test_edits_never_resend_and_supersede_what_left_the_series(
     d1 = await _day(conn, 1)
     await series(conn, "rent", "FREQ=DAILY", d1, "UTC")
     horizon = utc(d1) + dt.timedelta(days=2, hours=1)  # three deadlines
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     got = await made(conn)
     assert [r["status"] for r in got] == ["ready"] * 3
     # The first is sent.
@@ -210,41 +203,41 @@ async def test_edits_never_resend_and_supersede_what_left_the_series(
     # Every other day from the first: the second leaves the series, the first stays sent.
     await conn.execute("UPDATE pgwork.reminder SET recur = 'FREQ=DAILY;INTERVAL=2'")
     assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
     # Another zone: the same local deadlines, the same keys; unsent ones move with the zone.
     before = await made(conn)
     await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/Berlin'")
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     after = await made(conn)
     assert [r["operation_id"] for r in after] == [r["operation_id"] for r in before]
     assert after[2]["deadline"] == before[2]["deadline"] - dt.timedelta(hours=1)
     assert after[0]["deadline"] == before[0]["deadline"]  # sent: as it was
     # Back to daily: the second deadline is in the series again and is made again, once.
     await conn.execute("UPDATE pgwork.reminder SET recur = 'FREQ=DAILY'")
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     got = await made(conn)
     assert [r["status"] for r in got] == ["delivered", "ready", "ready"]
     # Skip the third, then end the series after the second, then pause: each closes what left.
     d3 = await _day(conn, 3)
     await conn.execute("UPDATE pgwork.reminder SET recur_skip = ARRAY[%s::timestamp]", (d3,))
     assert [r["status"] for r in await made(conn)] == ["delivered", "ready", "superseded"]
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     assert len(await made(conn)) == 3
     await conn.execute("UPDATE pgwork.reminder SET paused = true")
     assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "superseded"]
     # The status view shows the next deadline: the first, sent already (as the test had it).
     (s,) = await rows(conn, "SELECT deadline_local, status FROM pgwork.reminder_status")
     assert (s["deadline_local"].isoformat(sep=" "), s["status"]) == (d1, "delivered")
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     assert len(await made(conn)) == 3
     # Resumed: from now on; deleted: what is unsent is cancelled.
     await conn.execute("UPDATE pgwork.reminder SET paused = false, recur_skip = NULL")
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     assert [r["status"] for r in await made(conn)] == ["delivered", "ready", "ready"]
     # The first deadline moved a year back (still an occurrence): nothing is sent for the year.
     await conn.execute("UPDATE pgwork.reminder SET due_local = due_local - interval '365 days'")
-    await page(dsn, horizon)
+    await materialise(dsn, cutoff=horizon)
     assert [r["status"] for r in await made(conn)] == ["delivered", "ready", "ready"]
     await conn.execute("DELETE FROM pgwork.reminder")
     assert [r["status"] for r in await made(conn)] == ["delivered", "cancelled", "cancelled"]
@@ -271,7 +264,7 @@ async def test_downtime_every_missed_occurrence_accounted_for(
         "next_fire_at = %s::timestamptz - interval '1 day', planned_at = %s::timestamptz - interval '1 hour'",
         (first + "+00", first + "+00", first + "+00"),
     )
-    await page(dsn, dt.datetime.now(UTC))
+    await materialise(dsn, cutoff=dt.datetime.now(UTC))
     got = await made(conn)
     today_passed = got[-1]["due_at"] <= dt.datetime.now(UTC)
     assert len(got) == (10 if today_passed else 9)
@@ -292,7 +285,7 @@ async def test_retention_leaves_no_tombstone_for_a_series_deadline_that_passed(
 ) -> None:
     d1 = await _day(conn, 1)
     await series(conn, "rent", "FREQ=DAILY", d1, "UTC", "{7 days, 0}")
-    await page(dsn, dt.datetime.now(UTC) + dt.timedelta(days=1, hours=12))
+    await materialise(dsn, cutoff=dt.datetime.now(UTC) + dt.timedelta(days=1, hours=12))
     # Everything made was sent long ago (as far as retention is concerned).
     await conn.execute(
         "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() - interval '40 days'"
@@ -352,7 +345,7 @@ async def test_an_early_send_already_past_when_written_is_judged_by_catch_up(
     await conn.execute("UPDATE pgwork.channel SET catch_up = %s WHERE name = 'test'", (catch_up,))
     d1 = await _day(conn, 1)
     await series(conn, "rent", "FREQ=DAILY", d1, "UTC", "{2 days, 0}")
-    await page(dsn, dt.datetime.now(UTC))
+    await materialise(dsn, cutoff=dt.datetime.now(UTC))
     got = await made(conn)
     d2 = await _day(conn, 2)  # its notice is due today at 09:00: past or not yet
     expected = [d for d in (d1, d2) if utc(d) - dt.timedelta(days=2) <= dt.datetime.now(UTC)]

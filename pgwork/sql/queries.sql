@@ -321,11 +321,9 @@ WITH gate AS MATERIALIZED (
 ), judged AS (
     SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
            w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
-           coalesce(CASE WHEN w.deadline_local IS NULL
-                         THEN pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence)
-                         ELSE pgwork.series_unwanted(r.id, r.recur_rule, r.due_local, r.paused, r.recur_skip,
-                                                     r.recur_until, r.remind_before, r.recur_version,
-                                                     w.deadline_local, w.occurrence, w.recur_version) END,
+           coalesce(pgwork.work_unwanted(r.id, r.due_at, r.remind_before, r.recur_rule, r.due_local, r.paused,
+                                         r.recur_skip, r.recur_until, r.recur_version,
+                                         w.deadline, w.deadline_local, w.occurrence, w.recur_version),
                     -- Counted from the last redrive when there was one: a redrive says "send it".
                     CASE WHEN greatest(w.due_at, w.redriven_at) + %(expire_after)s::interval < now() THEN 'expired'
                          WHEN w.attempts - w.attempts_base >= %(max_attempts)s THEN 'dead'
@@ -636,11 +634,9 @@ SELECT lease, attempt, outcome, daemon_id, host, pid, started_at, finished_at, h
 -- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
 WITH target AS (
     SELECT w.id,
-           coalesce(CASE WHEN w.deadline_local IS NULL
-                         THEN pgwork.unwanted(r.id, r.due_at, r.remind_before, w.deadline, w.occurrence)
-                         ELSE pgwork.series_unwanted(r.id, r.recur_rule, r.due_local, r.paused, r.recur_skip,
-                                                     r.recur_until, r.remind_before, r.recur_version,
-                                                     w.deadline_local, w.occurrence, w.recur_version) END,
+           coalesce(pgwork.work_unwanted(r.id, r.due_at, r.remind_before, r.recur_rule, r.due_local, r.paused,
+                                         r.recur_skip, r.recur_until, r.recur_version,
+                                         w.deadline, w.deadline_local, w.occurrence, w.recur_version),
                     'ok') AS verdict
       FROM pgwork.renewal_work w
       LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id

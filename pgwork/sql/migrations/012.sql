@@ -513,6 +513,22 @@ RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
 COMMENT ON FUNCTION pgwork.series_unwanted(bigint, jsonb, timestamp, boolean, timestamp[], timestamp, interval[], integer, timestamp, interval, integer) IS
     'Why an occurrence of a recurring reminder is no longer wanted (cancelled, superseded), or NULL while it is.';
 
+CREATE FUNCTION pgwork.work_unwanted(reminder_id bigint, reminder_due_at timestamptz, remind_before interval[],
+                                     recur_rule jsonb, due_local timestamp, paused boolean,
+                                     recur_skip timestamp[], recur_until timestamp, recur_version integer,
+                                     deadline timestamptz, deadline_local timestamp, occurrence interval,
+                                     made_version integer)
+RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
+-- Why a work row's occurrence is no longer wanted by its reminder, one-off (pgwork.unwanted) or of
+-- a series (pgwork.series_unwanted), or NULL while it is: what a claim and a redrive ask.
+RETURN CASE WHEN deadline_local IS NULL
+            THEN pgwork.unwanted(reminder_id, reminder_due_at, remind_before, deadline, occurrence)
+            ELSE pgwork.series_unwanted(reminder_id, recur_rule, due_local, paused, recur_skip, recur_until,
+                                        remind_before, recur_version, deadline_local, occurrence, made_version)
+       END;
+COMMENT ON FUNCTION pgwork.work_unwanted(bigint, timestamptz, interval[], jsonb, timestamp, boolean, timestamp[], timestamp, integer, timestamptz, timestamp, interval, integer) IS
+    'Why a work row''s occurrence is no longer wanted (cancelled, superseded), or NULL while it is.';
+
 CREATE OR REPLACE FUNCTION pgwork.reminder_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
