@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (12);
+INSERT INTO pgwork.schema_version (version) VALUES (13);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -654,25 +654,29 @@ RETURNS SETOF timestamp LANGUAGE sql STABLE PARALLEL SAFE AS $$
     WITH r AS MATERIALIZED (
         SELECT rule->>'freq' AS freq, (rule->>'interval')::integer AS ival,
                (rule->>'wkst')::integer AS wkst, (rule->>'second')::float8 AS sec,
-               ARRAY(SELECT jsonb_array_elements_text(rule->'bymonth')::integer) AS bymonth,
-               ARRAY(SELECT jsonb_array_elements_text(rule->'bymonthday')::integer) AS bymonthday,
-               ARRAY(SELECT jsonb_array_elements_text(rule->'bydayn')::integer) AS bydayn,
-               ARRAY(SELECT jsonb_array_elements_text(rule->'bydaywd')::integer) AS bydaywd,
-               ARRAY(SELECT jsonb_array_elements_text(rule->'bysetpos')::integer) AS bysetpos,
-               ARRAY(SELECT jsonb_array_elements_text(rule->'byhour')::integer) AS byhour,
-               ARRAY(SELECT jsonb_array_elements_text(rule->'byminute')::integer) AS byminute,
+               translate((rule->'bymonth')::text, '[]', '{}')::integer[] AS bymonth,
+               translate((rule->'bymonthday')::text, '[]', '{}')::integer[] AS bymonthday,
+               translate((rule->'bydayn')::text, '[]', '{}')::integer[] AS bydayn,
+               translate((rule->'bydaywd')::text, '[]', '{}')::integer[] AS bydaywd,
+               translate((rule->'bysetpos')::text, '[]', '{}')::integer[] AS bysetpos,
+               translate((rule->'byhour')::text, '[]', '{}')::integer[] AS byhour,
+               translate((rule->'byminute')::text, '[]', '{}')::integer[] AS byminute,
                greatest(lo, dtstart) AS lo,
                least(hi, coalesce((rule->>'until')::timestamp, 'infinity')) AS hi,
                CASE rule->>'freq' WHEN 'DAILY' THEN interval '1 day' WHEN 'WEEKLY' THEN interval '7 days'
                                   WHEN 'MONTHLY' THEN interval '1 month' ELSE interval '1 year' END AS unit
-    ), w AS MATERIALIZED (
+    ), bounds AS MATERIALIZED (
         SELECT r.*, pgwork.recur_period(r.freq, r.wkst, dtstart) AS first,
-               pgwork.recur_index(r.freq, pgwork.recur_period(r.freq, r.wkst, dtstart),
-                                  pgwork.recur_period(r.freq, r.wkst, r.lo)) AS k_lo,
-               pgwork.recur_index(r.freq, pgwork.recur_period(r.freq, r.wkst, dtstart),
-                                  pgwork.recur_period(r.freq, r.wkst, r.hi)) AS k_hi
+               pgwork.recur_period(r.freq, r.wkst, r.lo) AS p_lo, pgwork.recur_period(r.freq, r.wkst, r.hi) AS p_hi
           FROM r
          WHERE r.lo <= r.hi
+    ), w AS MATERIALIZED (
+        -- recur_index's arguments are columns here: an argument it uses twice that is itself an
+        -- expression keeps the planner from inlining it, and each call then ran through the
+        -- SQL-function executor (most of a call's fixed cost).
+        SELECT b.*, pgwork.recur_index(b.freq, b.first, b.p_lo) AS k_lo,
+               pgwork.recur_index(b.freq, b.first, b.p_hi) AS k_hi
+          FROM bounds b
     ), periods AS (
         -- The periods INTERVAL keeps, from the first at or after the window's.
         SELECT w.first + k * w.unit AS p
@@ -695,7 +699,21 @@ RETURNS SETOF timestamp LANGUAGE sql STABLE PARALLEL SAFE AS $$
                extract(doy FROM d.d)::integer AS doy,
                extract(doy FROM date_trunc('year', d.d) + interval '1 year - 1 day')::integer AS ylen,
                extract(isodow FROM d.d)::integer AS dow
-          FROM spans s, generate_series(s.s, s.e - interval '1 day', interval '1 day') AS d(d)
+          FROM spans s, w
+         CROSS JOIN LATERAL (
+               -- With BYMONTHDAY, only the days it names can match: they are computed, month by
+               -- month (a 31st or a -31st that a month lacks is not a day of it), instead of
+               -- trying every day of the period (a monthly rule's period cost ~20 us that way).
+               SELECT DISTINCT x.d
+                 FROM generate_series(date_trunc('month', s.s), s.e - interval '1 day', interval '1 month') AS m(m)
+                CROSS JOIN unnest(w.bymonthday) AS md
+                CROSS JOIN LATERAL (SELECT CASE WHEN md > 0 THEN m.m + (md - 1) * interval '1 day'
+                                                ELSE m.m + interval '1 month' + md * interval '1 day' END AS d) AS x
+                WHERE cardinality(w.bymonthday) > 0
+                  AND date_trunc('month', x.d) = m.m AND x.d >= s.s AND x.d < s.e
+               UNION ALL
+               SELECT g FROM generate_series(s.s, s.e - interval '1 day', interval '1 day') AS g
+                WHERE cardinality(w.bymonthday) = 0) AS d(d)
     ), matched AS (
         SELECT d.p, d.d + make_interval(hours => h, mins => mi, secs => w.sec) AS t
           FROM days d, w, unnest(w.byhour) AS h, unnest(w.byminute) AS mi
@@ -728,13 +746,16 @@ COMMENT ON FUNCTION pgwork.recur_between(jsonb, timestamp, timestamp, timestamp)
 CREATE FUNCTION pgwork.recur_upcoming(rule jsonb, dtstart timestamp, from_local timestamp, n integer)
 RETURNS SETOF timestamp LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- The first n occurrences at or after from_local, searched window by window (a window holds a
--- few periods; a rule that matches rarely, e.g. 29 February, costs a few windows).
+-- few periods; a rule that matches rarely, e.g. 29 February, costs a few windows), at most 100
+-- years ahead: a daily rule that matches once in four years would otherwise be searched to the
+-- year 9999 (seconds of an app's statement).
 DECLARE
     lo   timestamp := greatest(from_local, dtstart);
     span interval;
     t    timestamp;
     got  integer := 0;
-    stop timestamp := least(coalesce((rule->>'until')::timestamp, 'infinity'), '9999-12-31');
+    stop timestamp := least(coalesce((rule->>'until')::timestamp, 'infinity'),
+                            greatest(from_local, dtstart) + interval '100 years', '9999-12-31');
 BEGIN
     span := (rule->>'interval')::integer
             * CASE rule->>'freq' WHEN 'DAILY' THEN interval '32 days' WHEN 'WEEKLY' THEN interval '35 days'
@@ -946,19 +967,52 @@ DECLARE
     cnt      integer := (rule->>'count')::integer;
     until    timestamp;
     next_one timestamp;
+    is_first boolean;
+    found    bigint;
 BEGIN
     -- The first deadline must be an occurrence (RFC 5545 leaves any other start undefined; this
-    -- also gives every series at least one).
-    IF NOT EXISTS (SELECT FROM pgwork.recur_between(rule, dtstart, dtstart, dtstart)) THEN
-        SELECT x INTO next_one FROM pgwork.recur_upcoming(rule, dtstart, dtstart, 1) AS x;
+    -- also gives every series at least one). A rule without BYSETPOS and without an ordinal
+    -- BYDAY (most: "the 1st at 09:00", "Mondays") is one whose occurrences are the days and times
+    -- that pass each of its parts, so its first deadline is tested part by part, as
+    -- recur_between's match does: evaluating its period here cost an app ~60 us more per insert
+    -- (a statement of its own, started for each row).
+    IF jsonb_array_length(rule->'bysetpos') = 0
+       AND translate((rule->'bydayn')::text, '[]', '{}')::integer[] <@ '{0}' THEN
+        is_first := dtstart <= coalesce((rule->>'until')::timestamp, 'infinity')
+            AND extract(hour FROM dtstart)::integer = ANY (translate((rule->'byhour')::text, '[]', '{}')::integer[])
+            AND extract(minute FROM dtstart)::integer = ANY (translate((rule->'byminute')::text, '[]', '{}')::integer[])
+            AND extract(second FROM dtstart) = (rule->>'second')::numeric
+            AND (jsonb_array_length(rule->'bymonth') = 0
+                 OR extract(month FROM dtstart)::integer = ANY (translate((rule->'bymonth')::text, '[]', '{}')::integer[]))
+            AND (jsonb_array_length(rule->'bymonthday') = 0
+                 OR extract(day FROM dtstart)::integer = ANY (translate((rule->'bymonthday')::text, '[]', '{}')::integer[])
+                 OR extract(day FROM dtstart)::integer
+                    - extract(day FROM date_trunc('month', dtstart) + interval '1 month - 1 day')::integer - 1
+                    = ANY (translate((rule->'bymonthday')::text, '[]', '{}')::integer[]))
+            AND (jsonb_array_length(rule->'bydaywd') = 0
+                 OR extract(isodow FROM dtstart)::integer = ANY (translate((rule->'bydaywd')::text, '[]', '{}')::integer[]));
+    ELSE
+        is_first := EXISTS (SELECT FROM pgwork.recur_between(rule, dtstart, dtstart, dtstart));
+    END IF;
+    IF NOT is_first THEN
+        -- The hint's search looks 8 years ahead (29 February is at most 8 years away).
+        SELECT x INTO next_one
+          FROM pgwork.recur_upcoming(rule || jsonb_build_object('until', least(coalesce((rule->>'until')::timestamp, 'infinity'),
+                                                                                dtstart + interval '8 years')),
+                                     dtstart, dtstart, 1) AS x;
         PERFORM pgwork.recur_error(
             format('due_local %s is not an occurrence of recur %s', dtstart, recur),
-            CASE WHEN next_one IS NULL THEN 'The rule has no occurrence at or after due_local.'
+            CASE WHEN next_one IS NULL THEN 'The rule has no occurrence in the 8 years from due_local.'
                  ELSE format('Set due_local to the first deadline: the rule''s first occurrence from due_local is %s.', next_one) END,
             'due_local');
     END IF;
     IF cnt IS NOT NULL THEN
-        SELECT max(x) INTO until FROM pgwork.recur_upcoming(rule, dtstart, dtstart, cnt) AS x;
+        SELECT max(x), count(*) INTO until, found FROM pgwork.recur_upcoming(rule, dtstart, dtstart, cnt) AS x;
+        IF found < cnt THEN
+            PERFORM pgwork.recur_error(
+                format('recur COUNT=%s: the rule has %s occurrences in the 100 years from due_local', cnt, found),
+                'pgwork looks at most 100 years ahead: use a smaller COUNT, or UNTIL.');
+        END IF;
         rule := rule || jsonb_build_object('until', until);
     END IF;
     RETURN rule;
@@ -1455,17 +1509,33 @@ BEGIN
           FROM due d
          CROSS JOIN LATERAL (SELECT min(x) AS shortest, max(x) AS longest FROM unnest(d.remind_before) AS x) AS b
          WHERE d.recur_rule IS NOT NULL
+    ), keyed AS MATERIALIZED (
+        -- What a window's deadlines depend on. With INTERVAL=1 and a window after the first
+        -- deadline, the first deadline does not matter (every period is kept; the rule's parts
+        -- were completed from it when it was compiled): the key says so with -infinity, and such
+        -- series of one rule, one zone and one window share one evaluation below.
+        SELECT w.id, w.recur_rule, w.due_tz, w.lo, least(w.hi, w.last_local) AS hi,
+               CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
+                    THEN '-infinity' ELSE w.due_local END AS anchor
+          FROM windows w
+    ), evaluated AS MATERIALIZED (
+        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant): on
+        -- rent day, a million series of "the 1st at 09:00 Berlin" cost one evaluation per page.
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, x.dl, pgwork.local_to_instant(x.dl, e.due_tz) AS deadline_at
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor FROM keyed k) AS e
+         CROSS JOIN LATERAL pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
+                                                 e.lo, e.hi) AS x(dl)
     ), deadlines AS MATERIALIZED (
-        -- Its deadlines in the window, each as an instant (pgwork.local_to_instant), without the
-        -- skipped ones and the history before the series' start; two deadlines on one instant (a
-        -- time shifted by a DST gap onto another of the series) are one: the one not shifted.
-        SELECT DISTINCT ON (k.id, k.deadline_at) k.id, k.dl, k.deadline_at
-          FROM (SELECT w.id, x.dl, pgwork.local_to_instant(x.dl, w.due_tz) AS deadline_at, w.due_tz
-                  FROM windows w
-                 CROSS JOIN LATERAL pgwork.recur_between(w.recur_rule, w.due_local, w.lo, least(w.hi, w.last_local)) AS x(dl)) AS k
+        -- Its deadlines in the window, without the skipped ones and the history before the
+        -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
+        -- of the series) are one: the one not shifted.
+        SELECT DISTINCT ON (k.id, e.deadline_at) k.id, e.dl, e.deadline_at
+          FROM keyed k
+          JOIN evaluated e
+            ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi AND e.anchor = k.anchor
           JOIN due d ON d.id = k.id
-         WHERE k.dl <> ALL (coalesce(d.recur_skip, '{}')) AND k.deadline_at >= d.series_from
-         ORDER BY k.id, k.deadline_at, (k.deadline_at AT TIME ZONE k.due_tz) <> k.dl, k.dl
+         WHERE e.dl <> ALL (coalesce(d.recur_skip, '{}')) AND e.deadline_at >= d.series_from
+         ORDER BY k.id, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
     ), fires AS MATERIALIZED (
         -- Each deadline x remind_before entry; the channel's catch_up judges the sends that fired
         -- before the series was written or last edited (never a deadline before it: history).

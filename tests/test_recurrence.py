@@ -8,11 +8,12 @@ against python-dateutil's rrule, the reference implementation."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from dateutil.rrule import rrulestr
+from dateutil.rrule import rrule, rrulestr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -191,6 +192,13 @@ REFUSED = [
     ("BYDAY=MO", "2027-01-01 09:00", "recur", "has no FREQ"),
     ("FREQ=DAILY;COUNT=3;UNTIL=20280101", "2027-01-01 09:00", "recur", "both COUNT and UNTIL"),
     ("FREQ=DAILY;COUNT=1001", "2027-01-01 09:00", "recur", "COUNT 1001 is out of range"),
+    ("FREQ=YEARLY;COUNT=150", "2027-01-01 09:00", "recur", "in the 100 years from due_local"),
+    (
+        "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=29;COUNT=30",
+        "2028-02-29 09:00",
+        "recur",
+        "in the 100 years from due_local",
+    ),
     ("FREQ=DAILY;UNTIL=20261231", "2027-01-01 09:00", "recur", "is before due_local"),
     ("FREQ=DAILY;UNTIL=20270230", "2027-01-01 09:00", "recur", "not a valid date"),
     ("FREQ=DAILY;UNTIL=tomorrow", "2027-01-01 09:00", "recur", "neither a date"),
@@ -223,6 +231,17 @@ async def test_a_refusal_names_the_first_occurrence_when_the_start_is_off(
     assert "first occurrence from due_local is 2027-02-01 09:00:00" in (
         info.value.diag.message_hint or ""
     )
+
+
+async def test_a_rule_without_an_occurrence_near_its_start_is_refused_without_a_long_search(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """A rule that has no occurrence at all (30 February) is refused with a search of a few
+    years for its first occurrence, not one to the year 9999 (15 s of an app's insert)."""
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await preview(conn, "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30", "2027-02-01 09:00", "UTC")
+    assert info.value.diag.column_name == "due_local"
+    assert "no occurrence in the 8 years from due_local" in (info.value.diag.message_hint or "")
 
 
 async def test_preview_refuses_an_unknown_zone_and_a_silly_count(
@@ -297,28 +316,69 @@ def rules(draw: st.DrawFn) -> tuple[str, dt.datetime]:
     return ";".join(parts), day
 
 
+@pytest.fixture
+def sync_conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """One connection for all of a property test's examples (a connection each cost more than
+    the examples themselves)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        # The evaluator is the page's building block, called here bare: without pgwork's
+        # session settings, PostgreSQL 15 built with LLVM would JIT-compile each call.
+        c.execute("SET jit = off")
+        yield c
+
+
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(rule=rules(), offset=st.integers(0, 800), width=st.sampled_from([3, 40, 200]))
 def test_occurrences_agree_with_python_dateutil(
-    dsn: str, rule: tuple[str, dt.datetime], offset: int, width: int
+    sync_conn: psycopg.Connection[Any], rule: tuple[str, dt.datetime], offset: int, width: int
 ) -> None:
     """The evaluator against dateutil (the study's oracle) on random rules and windows: the
     same local occurrences, in order. (No zone: the DST policy is the conversion's, above.)"""
     text, start = rule
     lo = start + dt.timedelta(days=offset)
     hi = lo + dt.timedelta(days=width)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        # recur_between is the page's building block, called here bare: without pgwork's
-        # session settings, PostgreSQL 15 built with LLVM would JIT-compile each call.
-        c.execute("SET jit = off")
-        ours = [
-            r[0]
-            for r in c.execute(
-                "SELECT x FROM pgwork.recur_between(pgwork.recur_rule(%s, %s, 'UTC'), %s, %s, %s) x",
-                (text, start, start, lo, hi),
-            )
-        ]
+    ours = [
+        r[0]
+        for r in sync_conn.execute(
+            "SELECT x FROM pgwork.recur_between(pgwork.recur_rule(%s, %s, 'UTC'), %s, %s, %s) x",
+            (text, start, start, lo, hi),
+        )
+    ]
     theirs = rrulestr(text, dtstart=start).between(lo, hi, inc=True)
     assert ours == theirs, (text, start, lo, hi)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rule=rules(),
+    days=st.integers(0, 400),
+    hour=st.sampled_from([0, 9, 23]),
+    minute=st.sampled_from([0, 30]),
+)
+def test_a_first_deadline_is_taken_exactly_when_it_is_an_occurrence(
+    sync_conn: psycopg.Connection[Any],
+    rule: tuple[str, dt.datetime],
+    days: int,
+    hour: int,
+    minute: int,
+) -> None:
+    """recur_compile takes due_local only when it is the series' first occurrence, as dateutil
+    says (its first occurrence from that start is the start itself). Most rules are checked
+    part by part, the others by evaluating their first period: both against the oracle."""
+    text, start = rule
+    first = start + dt.timedelta(days=days, hours=hour, minutes=minute)
+    try:
+        sync_conn.execute("SELECT pgwork.recur_compile(%s, %s, 'UTC')", (text, first))
+        taken = True
+    except psycopg.errors.CheckViolation as e:
+        assert "is not an occurrence" in str(e), e
+        taken = False
+    # The generated rules have neither COUNT nor UNTIL: ending the oracle's series at `first`
+    # keeps dateutil from searching to the year 9999 for a rule with no occurrence at all.
+    oracle = rrulestr(text, dtstart=first)
+    assert isinstance(oracle, rrule)
+    assert taken == (list(oracle.replace(until=first)) == [first]), (text, first)

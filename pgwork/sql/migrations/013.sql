@@ -1,0 +1,346 @@
+-- pgwork schema 12 -> 13. Applied by `pgwork migrate` in one transaction under its advisory lock;
+-- the result equals a fresh install of schema.sql (tests/test_schema.py checks that).
+--
+-- What it changes (issue 27, recurring deadlines at scale); no table changes:
+--   * pgwork.recur_between: with BYMONTHDAY, a period's candidate days are the days it names,
+--     computed month by month, instead of every day of the period; recur_index is called with
+--     columns, so the planner inlines it; the compiled rule's lists are read with one cast each.
+--   * pgwork.materialise_series: series of one rule, zone and window (INTERVAL=1, the window
+--     after the first deadline) share one evaluation of their deadlines per page.
+--   * pgwork.recur_compile: a rule without BYSETPOS or an ordinal BYDAY has its first deadline
+--     tested part by part, without evaluating its period (an app's insert of a series). A rule
+--     with no occurrence near its first deadline is refused after a search of 8 years (it was
+--     searched to the year 9999: 15 s for a daily rule on 30 February); a COUNT the rule does
+--     not reach within 100 years is refused.
+--   * pgwork.recur_upcoming (recur_preview, reminder_status) searches at most 100 years ahead.
+-- Every function keeps its signature; upgrade as always: stop the daemons, `pgwork migrate`,
+-- start the new version.
+
+CREATE OR REPLACE FUNCTION pgwork.recur_between(rule jsonb, dtstart timestamp, lo timestamp, hi timestamp)
+RETURNS SETOF timestamp LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    -- The occurrences of a compiled rule (pgwork.recur_compile) anchored at dtstart, as local
+    -- wall-clock times in [lo, hi], in order. Every period (of FREQ, INTERVAL apart from
+    -- dtstart's) that overlaps the window is taken whole, so BYSETPOS ranks all of a period's
+    -- candidates; its days are matched against the BY parts and crossed with the times of day.
+    WITH r AS MATERIALIZED (
+        SELECT rule->>'freq' AS freq, (rule->>'interval')::integer AS ival,
+               (rule->>'wkst')::integer AS wkst, (rule->>'second')::float8 AS sec,
+               translate((rule->'bymonth')::text, '[]', '{}')::integer[] AS bymonth,
+               translate((rule->'bymonthday')::text, '[]', '{}')::integer[] AS bymonthday,
+               translate((rule->'bydayn')::text, '[]', '{}')::integer[] AS bydayn,
+               translate((rule->'bydaywd')::text, '[]', '{}')::integer[] AS bydaywd,
+               translate((rule->'bysetpos')::text, '[]', '{}')::integer[] AS bysetpos,
+               translate((rule->'byhour')::text, '[]', '{}')::integer[] AS byhour,
+               translate((rule->'byminute')::text, '[]', '{}')::integer[] AS byminute,
+               greatest(lo, dtstart) AS lo,
+               least(hi, coalesce((rule->>'until')::timestamp, 'infinity')) AS hi,
+               CASE rule->>'freq' WHEN 'DAILY' THEN interval '1 day' WHEN 'WEEKLY' THEN interval '7 days'
+                                  WHEN 'MONTHLY' THEN interval '1 month' ELSE interval '1 year' END AS unit
+    ), bounds AS MATERIALIZED (
+        SELECT r.*, pgwork.recur_period(r.freq, r.wkst, dtstart) AS first,
+               pgwork.recur_period(r.freq, r.wkst, r.lo) AS p_lo, pgwork.recur_period(r.freq, r.wkst, r.hi) AS p_hi
+          FROM r
+         WHERE r.lo <= r.hi
+    ), w AS MATERIALIZED (
+        -- recur_index's arguments are columns here: an argument it uses twice that is itself an
+        -- expression keeps the planner from inlining it, and each call then ran through the
+        -- SQL-function executor (most of a call's fixed cost).
+        SELECT b.*, pgwork.recur_index(b.freq, b.first, b.p_lo) AS k_lo,
+               pgwork.recur_index(b.freq, b.first, b.p_hi) AS k_hi
+          FROM bounds b
+    ), periods AS (
+        -- The periods INTERVAL keeps, from the first at or after the window's.
+        SELECT w.first + k * w.unit AS p
+          FROM w, generate_series(((greatest(w.k_lo, 0) + w.ival - 1) / w.ival) * w.ival, w.k_hi, w.ival) AS k
+    ), spans AS (
+        -- A YEARLY rule with BYMONTH looks only at those months.
+        SELECT p.p, s.s, s.e
+          FROM periods p, w
+         CROSS JOIN LATERAL (
+               SELECT p.p AS s, p.p + w.unit AS e
+                WHERE w.freq <> 'YEARLY' OR cardinality(w.bymonth) = 0
+               UNION ALL
+               SELECT p.p + (mo - 1) * interval '1 month', p.p + mo * interval '1 month'
+                 FROM unnest(w.bymonth) AS mo
+                WHERE w.freq = 'YEARLY') AS s
+    ), days AS (
+        SELECT s.p, d.d,
+               extract(day FROM d.d)::integer AS dom,
+               extract(day FROM date_trunc('month', d.d) + interval '1 month - 1 day')::integer AS mlen,
+               extract(doy FROM d.d)::integer AS doy,
+               extract(doy FROM date_trunc('year', d.d) + interval '1 year - 1 day')::integer AS ylen,
+               extract(isodow FROM d.d)::integer AS dow
+          FROM spans s, w
+         CROSS JOIN LATERAL (
+               -- With BYMONTHDAY, only the days it names can match: they are computed, month by
+               -- month (a 31st or a -31st that a month lacks is not a day of it), instead of
+               -- trying every day of the period (a monthly rule's period cost ~20 us that way).
+               SELECT DISTINCT x.d
+                 FROM generate_series(date_trunc('month', s.s), s.e - interval '1 day', interval '1 month') AS m(m)
+                CROSS JOIN unnest(w.bymonthday) AS md
+                CROSS JOIN LATERAL (SELECT CASE WHEN md > 0 THEN m.m + (md - 1) * interval '1 day'
+                                                ELSE m.m + interval '1 month' + md * interval '1 day' END AS d) AS x
+                WHERE cardinality(w.bymonthday) > 0
+                  AND date_trunc('month', x.d) = m.m AND x.d >= s.s AND x.d < s.e
+               UNION ALL
+               SELECT g FROM generate_series(s.s, s.e - interval '1 day', interval '1 day') AS g
+                WHERE cardinality(w.bymonthday) = 0) AS d(d)
+    ), matched AS (
+        SELECT d.p, d.d + make_interval(hours => h, mins => mi, secs => w.sec) AS t
+          FROM days d, w, unnest(w.byhour) AS h, unnest(w.byminute) AS mi
+         WHERE (cardinality(w.bymonth) = 0 OR extract(month FROM d.d)::integer = ANY (w.bymonth))
+           AND (cardinality(w.bymonthday) = 0 OR d.dom = ANY (w.bymonthday)
+                OR d.dom - d.mlen - 1 = ANY (w.bymonthday))
+           -- BYDAY: a weekday (n = 0), or its n-th (from the end when negative) in the month
+           -- (MONTHLY, or YEARLY with BYMONTH) or the year (YEARLY).
+           AND (cardinality(w.bydaywd) = 0
+                OR EXISTS (SELECT FROM unnest(w.bydayn, w.bydaywd) AS b(n, wd)
+                            WHERE b.wd = d.dow
+                              AND (b.n = 0
+                                   OR (CASE WHEN w.freq = 'MONTHLY' OR cardinality(w.bymonth) > 0
+                                            THEN b.n IN ((d.dom - 1) / 7 + 1, -((d.mlen - d.dom) / 7 + 1))
+                                            ELSE b.n IN ((d.doy - 1) / 7 + 1, -((d.ylen - d.doy) / 7 + 1)) END))))
+    ), ranked AS (
+        SELECT m.t, row_number() OVER (PARTITION BY m.p ORDER BY m.t) AS pos,
+               count(*) OVER (PARTITION BY m.p) AS n
+          FROM matched m
+    )
+    SELECT k.t
+      FROM ranked k, w
+     WHERE k.t BETWEEN w.lo AND w.hi
+       AND (cardinality(w.bysetpos) = 0 OR k.pos = ANY (w.bysetpos) OR k.pos - k.n - 1 = ANY (w.bysetpos))
+     ORDER BY k.t
+$$;
+
+CREATE OR REPLACE FUNCTION pgwork.recur_upcoming(rule jsonb, dtstart timestamp, from_local timestamp, n integer)
+RETURNS SETOF timestamp LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
+-- The first n occurrences at or after from_local, searched window by window (a window holds a
+-- few periods; a rule that matches rarely, e.g. 29 February, costs a few windows), at most 100
+-- years ahead: a daily rule that matches once in four years would otherwise be searched to the
+-- year 9999 (seconds of an app's statement).
+DECLARE
+    lo   timestamp := greatest(from_local, dtstart);
+    span interval;
+    t    timestamp;
+    got  integer := 0;
+    stop timestamp := least(coalesce((rule->>'until')::timestamp, 'infinity'),
+                            greatest(from_local, dtstart) + interval '100 years', '9999-12-31');
+BEGIN
+    span := (rule->>'interval')::integer
+            * CASE rule->>'freq' WHEN 'DAILY' THEN interval '32 days' WHEN 'WEEKLY' THEN interval '35 days'
+                                 WHEN 'MONTHLY' THEN interval '3 months' ELSE interval '4 years' END;
+    WHILE got < n AND lo <= stop LOOP
+        FOR t IN SELECT x FROM pgwork.recur_between(rule, dtstart, lo, lo + span) AS x LOOP
+            RETURN NEXT t;
+            got := got + 1;
+            EXIT WHEN got >= n;
+        END LOOP;
+        lo := lo + span + interval '1 microsecond';
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgwork.recur_compile(recur text, dtstart timestamp, tz text) RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
+-- pgwork.recur_rule, and then: the first deadline must be one of the rule's occurrences, and
+-- COUNT becomes until, the rule's last occurrence (so no evaluation ever counts from the start).
+DECLARE
+    rule     jsonb := pgwork.recur_rule(recur, dtstart, tz);
+    cnt      integer := (rule->>'count')::integer;
+    until    timestamp;
+    next_one timestamp;
+    is_first boolean;
+    found    bigint;
+BEGIN
+    -- The first deadline must be an occurrence (RFC 5545 leaves any other start undefined; this
+    -- also gives every series at least one). A rule without BYSETPOS and without an ordinal
+    -- BYDAY (most: "the 1st at 09:00", "Mondays") is one whose occurrences are the days and times
+    -- that pass each of its parts, so its first deadline is tested part by part, as
+    -- recur_between's match does: evaluating its period here cost an app ~60 us more per insert
+    -- (a statement of its own, started for each row).
+    IF jsonb_array_length(rule->'bysetpos') = 0
+       AND translate((rule->'bydayn')::text, '[]', '{}')::integer[] <@ '{0}' THEN
+        is_first := dtstart <= coalesce((rule->>'until')::timestamp, 'infinity')
+            AND extract(hour FROM dtstart)::integer = ANY (translate((rule->'byhour')::text, '[]', '{}')::integer[])
+            AND extract(minute FROM dtstart)::integer = ANY (translate((rule->'byminute')::text, '[]', '{}')::integer[])
+            AND extract(second FROM dtstart) = (rule->>'second')::numeric
+            AND (jsonb_array_length(rule->'bymonth') = 0
+                 OR extract(month FROM dtstart)::integer = ANY (translate((rule->'bymonth')::text, '[]', '{}')::integer[]))
+            AND (jsonb_array_length(rule->'bymonthday') = 0
+                 OR extract(day FROM dtstart)::integer = ANY (translate((rule->'bymonthday')::text, '[]', '{}')::integer[])
+                 OR extract(day FROM dtstart)::integer
+                    - extract(day FROM date_trunc('month', dtstart) + interval '1 month - 1 day')::integer - 1
+                    = ANY (translate((rule->'bymonthday')::text, '[]', '{}')::integer[]))
+            AND (jsonb_array_length(rule->'bydaywd') = 0
+                 OR extract(isodow FROM dtstart)::integer = ANY (translate((rule->'bydaywd')::text, '[]', '{}')::integer[]));
+    ELSE
+        is_first := EXISTS (SELECT FROM pgwork.recur_between(rule, dtstart, dtstart, dtstart));
+    END IF;
+    IF NOT is_first THEN
+        -- The hint's search looks 8 years ahead (29 February is at most 8 years away).
+        SELECT x INTO next_one
+          FROM pgwork.recur_upcoming(rule || jsonb_build_object('until', least(coalesce((rule->>'until')::timestamp, 'infinity'),
+                                                                                dtstart + interval '8 years')),
+                                     dtstart, dtstart, 1) AS x;
+        PERFORM pgwork.recur_error(
+            format('due_local %s is not an occurrence of recur %s', dtstart, recur),
+            CASE WHEN next_one IS NULL THEN 'The rule has no occurrence in the 8 years from due_local.'
+                 ELSE format('Set due_local to the first deadline: the rule''s first occurrence from due_local is %s.', next_one) END,
+            'due_local');
+    END IF;
+    IF cnt IS NOT NULL THEN
+        SELECT max(x), count(*) INTO until, found FROM pgwork.recur_upcoming(rule, dtstart, dtstart, cnt) AS x;
+        IF found < cnt THEN
+            PERFORM pgwork.recur_error(
+                format('recur COUNT=%s: the rule has %s occurrences in the 100 years from due_local', cnt, found),
+                'pgwork looks at most 100 years ahead: use a smaller COUNT, or UNTIL.');
+        END IF;
+        rule := rule || jsonb_build_object('until', until);
+    END IF;
+    RETURN rule;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgwork.materialise_series(ids bigint[], cutoff timestamptz)
+RETURNS TABLE (id bigint, next_fire_at timestamptz, made bigint, made_due bigint, skipped bigint,
+               made_ready bigint, earliest_made timestamptz)
+-- Every table it reads is read by key (a reminder by id, a tombstone or a work row by its
+-- reminder's key): no sequential scan, whatever the statistics say. Taken while renewal_work was
+-- empty, they made the probe for other local deadlines on the same instant a scan of the whole
+-- table, once per occurrence made (tests/test_series.py::
+-- test_a_series_page_probes_by_key_whatever_the_statistics_say).
+LANGUAGE plpgsql VOLATILE SET jit = off SET enable_seqscan = off AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH due AS MATERIALIZED (
+        SELECT r.id, r.source, r.business_key, r.due_local, r.due_tz, r.remind_before, r.channel,
+               r.next_fire_at, coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
+               r.recur_rule, r.recur_skip, r.recur_until, r.series_from, r.recur_version,
+               materialise_series.cutoff AS cutoff
+          FROM pgwork.reminder r
+         WHERE r.id = ANY (materialise_series.ids) AND r.recur_rule IS NOT NULL
+    ), windows AS MATERIALIZED (
+        -- A recurring reminder (a series): the local deadlines whose sends may fall between its
+        -- progress and the cutoff, from its progress plus its shortest remind_before entry (never
+        -- before the series' start) to the cutoff plus its longest and a span in which the rule
+        -- has its next deadline if it has one every period; a day more each side for DST.
+        SELECT d.id, d.recur_rule, d.due_local, d.due_tz, b.longest,
+               greatest((d.next_fire_at AT TIME ZONE d.due_tz) + b.shortest,
+                        d.series_from AT TIME ZONE d.due_tz) - interval '1 day' AS lo,
+               (d.cutoff AT TIME ZONE d.due_tz) + b.longest
+                 + (d.recur_rule->>'interval')::integer
+                   * CASE d.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
+                                                WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS hi,
+               least(coalesce((d.recur_rule->>'until')::timestamp, 'infinity'),
+                     coalesce(d.recur_until, 'infinity')) AS last_local
+          FROM due d
+         CROSS JOIN LATERAL (SELECT min(x) AS shortest, max(x) AS longest FROM unnest(d.remind_before) AS x) AS b
+         WHERE d.recur_rule IS NOT NULL
+    ), keyed AS MATERIALIZED (
+        -- What a window's deadlines depend on. With INTERVAL=1 and a window after the first
+        -- deadline, the first deadline does not matter (every period is kept; the rule's parts
+        -- were completed from it when it was compiled): the key says so with -infinity, and such
+        -- series of one rule, one zone and one window share one evaluation below.
+        SELECT w.id, w.recur_rule, w.due_tz, w.lo, least(w.hi, w.last_local) AS hi,
+               CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
+                    THEN '-infinity' ELSE w.due_local END AS anchor
+          FROM windows w
+    ), evaluated AS MATERIALIZED (
+        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant): on
+        -- rent day, a million series of "the 1st at 09:00 Berlin" cost one evaluation per page.
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, x.dl, pgwork.local_to_instant(x.dl, e.due_tz) AS deadline_at
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor FROM keyed k) AS e
+         CROSS JOIN LATERAL pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
+                                                 e.lo, e.hi) AS x(dl)
+    ), deadlines AS MATERIALIZED (
+        -- Its deadlines in the window, without the skipped ones and the history before the
+        -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
+        -- of the series) are one: the one not shifted.
+        SELECT DISTINCT ON (k.id, e.deadline_at) k.id, e.dl, e.deadline_at
+          FROM keyed k
+          JOIN evaluated e
+            ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi AND e.anchor = k.anchor
+          JOIN due d ON d.id = k.id
+         WHERE e.dl <> ALL (coalesce(d.recur_skip, '{}')) AND e.deadline_at >= d.series_from
+         ORDER BY k.id, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
+    ), fires AS MATERIALIZED (
+        -- Each deadline x remind_before entry; the channel's catch_up judges the sends that fired
+        -- before the series was written or last edited (never a deadline before it: history).
+        SELECT d.id, d.source, d.business_key, k.deadline_at AS due_at, d.channel, b.before,
+               d.next_fire_at AS progress,
+               pgwork.fire_at(k.deadline_at, k.dl, d.due_tz, b.before) AS fire_at,
+               greatest(d.planned_at, d.series_from) AS planned_at, d.cutoff, d.traceparent, d.tracestate,
+               k.dl, d.recur_version
+          FROM deadlines k
+          JOIN due d ON d.id = k.id
+         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+    ), occ AS MATERIALIZED (
+        SELECT f.*,
+               pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,
+                                          max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                              OVER (PARTITION BY f.id)) AS skip,
+               ch.catch_up
+          FROM fires f
+          LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+    ), made AS (
+        -- A series' occurrences, identified by their local deadline (work_series_occurrence_unique),
+        -- so a zone edit or a time zone data update never makes a second one. A tombstone of the
+        -- same local deadline stops it, and so does a row of another local deadline on the same
+        -- instant (the same send, made before an edit).
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                deadline_local, recur_version)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.series_operation_id(o.id, o.source, o.business_key, o.dl, o.before),
+               o.fire_at,
+               CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
+               CASE WHEN o.skip THEN now() END,
+               CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its series was written or edited (%s)',
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               o.dl, o.recur_version
+          FROM occ o
+         WHERE o.fire_at <= o.cutoff
+           AND o.fire_at >= o.progress
+           AND (SELECT true FROM pgwork.retired t
+                 WHERE t.reminder_id = o.id AND t.deadline_local = o.dl AND t.occurrence = o.before
+                 LIMIT 1) IS NULL
+           AND (SELECT true FROM pgwork.renewal_work x
+                 WHERE x.reminder_id = o.id AND x.deadline = o.due_at AND x.occurrence = o.before
+                   AND x.deadline_local IS DISTINCT FROM o.dl
+                 LIMIT 1) IS NULL
+            ON CONFLICT (reminder_id, deadline_local, occurrence) WHERE deadline_local IS NOT NULL DO UPDATE
+           SET status = excluded.status, available_at = excluded.available_at,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate,
+               deadline = excluded.deadline, due_at = excluded.due_at, recur_version = excluded.recur_version
+         WHERE w.status = 'superseded'
+        RETURNING w.reminder_id, w.status, w.due_at
+    ), nxt AS (
+        -- Its first send past the cutoff in the window, but never later than the earliest send
+        -- of a deadline past the window (not looked at yet), less a day for DST; with nothing in
+        -- the window, that bound is a probe. 'infinity' once the window reached the series' end.
+        SELECT w.id,
+               CASE WHEN w.hi >= w.last_local THEN coalesce(f.next_at, 'infinity')
+                    ELSE least(f.next_at, pgwork.local_to_instant(w.hi - w.longest, w.due_tz) - interval '1 day') END
+                 AS next_fire_at
+          FROM windows w
+          LEFT JOIN (SELECT o.id, min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff) AS next_at
+                       FROM occ o
+                      GROUP BY o.id) AS f ON f.id = w.id
+    )
+    SELECT n.id, n.next_fire_at,
+           count(m.reminder_id),
+           count(m.reminder_id) FILTER (WHERE m.due_at <= now() AND m.status = 'ready'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'expired'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'ready'),
+           min(m.due_at)
+      FROM nxt n
+      LEFT JOIN made m ON m.reminder_id = n.id
+     GROUP BY n.id, n.next_fire_at;
+END
+$$;
+
+UPDATE pgwork.schema_version SET version = 13, applied_at = now();
