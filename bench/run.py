@@ -65,6 +65,7 @@ TARGETS = [
     ("app_insert", "ratio", ">=", 0.80),
     ("series", "longest_txn_ms", "<=", 1000.0),
     ("series", "made_ahead", "<=", 0.0),
+    ("series", "ratio_to_oneoff", ">=", 0.50),
     ("memory", "peak_rss_mb", "<=", 150.0),
     ("memory", "rss_growth_pct", "<=", 5.0),
 ]

@@ -945,10 +945,12 @@ async def w_app_insert(ctx: Ctx) -> dict[str, float]:
 
 async def w_series(ctx: Ctx) -> dict[str, float]:
     """Recurring reminders (issue 27): n monthly rent series (09:00 Berlin on the 1st, a notice
-    seven days before) written by an app in chunks of 1,000, then the materialiser around the
-    crunch with explicit cutoffs: a pass five minutes before the month's first notices (it visits
-    every new series once and makes nothing: made_ahead), then one at the crunch, which makes
-    every notice. Insert cost against the same rows as one-off reminders."""
+    seven days before) written by an app in chunks of 1,000, and n one-off reminders of the same
+    shape (local time, the same two sends) due a day earlier; then the materialiser with
+    explicit cutoffs: a pass five minutes before the one-offs' notices (it visits every new
+    series once and makes nothing: made_ahead), one at the one-offs' notices (the one-off crunch)
+    and one at the series' (the rent-day crunch): rows/s of each, and their ratio. Insert cost
+    against the same rows as one-off reminders, local-time and plain."""
     n = ctx.sizes.series
     name, dsn = ctx.fresh()
     try:
@@ -961,58 +963,63 @@ async def w_series(ctx: Ctx) -> dict[str, float]:
             ).fetchone()
             assert row is not None
             first: datetime = row[0]
+            inserts = {
+                "series": "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
+                "remind_before, channel, recipient) SELECT 'rent', k, %(first)s, 'Europe/Berlin', "
+                "'FREQ=MONTHLY;BYMONTHDAY=1', '{7 days, 0}', 'noop', 'r' FROM unnest(%(keys)s::text[]) k",
+                # The one-off crunch's rows: the same sends, a day before the series' deadline.
+                "local": "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, "
+                "remind_before, channel, recipient) SELECT 'once', k, %(first)s - interval '1 day', "
+                "'Europe/Berlin', '{7 days, 0}', 'noop', 'r' FROM unnest(%(keys)s::text[]) k",
+                # Far ahead (they never reach the passes below): the plain insert's cost.
+                "plain": "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, "
+                "channel, recipient) SELECT 'plain', k, now() + interval '400 days', "
+                "'{7 days, 0}', 'noop', 'r' FROM unnest(%(keys)s::text[]) k",
+            }
             rates = {}
-            for kind in ("series", "oneoff"):
+            for kind, sql in inserts.items():
                 t0 = time.perf_counter()
                 for start in range(0, n, 1000):
                     keys = [f"{kind}{start + i}" for i in range(min(1000, n - start))]
-                    if kind == "series":
-                        await app.execute(
-                            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
-                            "remind_before, channel, recipient) SELECT 'rent', k, %s, 'Europe/Berlin', "
-                            "'FREQ=MONTHLY;BYMONTHDAY=1', '{7 days, 0}', 'noop', 'r' FROM unnest(%s::text[]) k",
-                            (first, keys),
-                        )
-                    else:  # far ahead: they never reach the passes below
-                        await app.execute(
-                            "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, "
-                            "channel, recipient) SELECT 'once', k, now() + interval '400 days', "
-                            "'{7 days, 0}', 'noop', 'r' FROM unnest(%s::text[]) k",
-                            (keys,),
-                        )
+                    await app.execute(sql, {"first": first, "keys": keys})
                 rates[kind] = n / (time.perf_counter() - t0)
-            notice = await (
+            await app.execute("VACUUM ANALYZE pgwork.reminder")
+            notices = await (
                 await app.execute(
-                    "SELECT pgwork.local_to_instant(%s::timestamp - interval '7 days', 'Europe/Berlin')",
-                    (first,),
+                    "SELECT pgwork.local_to_instant(%(f)s::timestamp - interval '8 days', 'Europe/Berlin'),"
+                    " pgwork.local_to_instant(%(f)s::timestamp - interval '7 days', 'Europe/Berlin')",
+                    {"f": first},
                 )
             ).fetchone()
-            assert notice is not None
+            assert notices is not None
+            oneoff_notice, series_notice = notices
         async with await db.connect(dsn) as c:
             await prepare_measure(c)
-            t0 = time.perf_counter()
-            ahead = await materialiser.run_once(
-                c,
-                lookahead=0,
-                page_size=Config().page_size,
-                cutoff=notice[0] - timedelta(minutes=5),
-            )
-            visit_s = time.perf_counter() - t0
-            with CpuMeter(ctx.postmaster) as cpu:
+
+            async def crunch(cutoff: datetime) -> tuple[Any, float]:
+                t0 = time.perf_counter()
                 res = await materialiser.run_once(
-                    c,
-                    lookahead=0,
-                    page_size=Config().page_size,
-                    cutoff=notice[0] + timedelta(minutes=1),
+                    c, lookahead=0, page_size=Config().page_size, cutoff=cutoff
                 )
-            assert ahead is not None and res is not None and res.made == n
+                assert res is not None
+                return res, time.perf_counter() - t0
+
+            ahead, visit_s = await crunch(oneoff_notice - timedelta(minutes=5))
+            oneoff, oneoff_s = await crunch(oneoff_notice + timedelta(minutes=1))
+            with CpuMeter(ctx.postmaster) as cpu:
+                res, _ = await crunch(series_notice + timedelta(minutes=1))
+            assert oneoff.made == n and res.made == n, (oneoff.made, res.made)
         return {
             "rows_per_s": n / cpu.elapsed,
+            "oneoff_rows_per_s": n / oneoff_s,
+            "ratio_to_oneoff": (n / cpu.elapsed) / (n / oneoff_s),
             "longest_txn_ms": res.longest_page * 1000,
+            "oneoff_longest_txn_ms": oneoff.longest_page * 1000,
             "made_ahead": float(ahead.made),
             "first_visit_us": visit_s / n * 1e6,
             "insert_rows_per_s": rates["series"],
-            "insert_ratio_to_oneoff": rates["series"] / rates["oneoff"],
+            "insert_ratio_to_local": rates["series"] / rates["local"],
+            "insert_ratio_to_oneoff": rates["series"] / rates["plain"],
             **cpu.as_dict(),
         }
     finally:
