@@ -44,6 +44,7 @@ ORDER = [
     "retention",
     "app_insert",
     "series",
+    "rent_day",
     "scale",
     "gauges",
     "daemons",
@@ -66,6 +67,9 @@ TARGETS = [
     ("series", "longest_txn_ms", "<=", 1000.0),
     ("series", "made_ahead", "<=", 0.0),
     ("series", "ratio_to_oneoff", ">=", 0.50),
+    ("rent_day", "made_before_instant", ">=", 1.0),
+    ("rent_day", "next_month_rows", "<=", 0.0),
+    ("rent_day", "made_too_early", "<=", 0.0),
     ("memory", "peak_rss_mb", "<=", 150.0),
     ("memory", "rss_growth_pct", "<=", 5.0),
 ]

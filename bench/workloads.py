@@ -1026,6 +1026,106 @@ async def w_series(ctx: Ctx) -> dict[str, float]:
         ctx.drop(name)
 
 
+RENT_DAY_CONFIG = """
+[materialiser]
+tick = "1s"
+lookahead = "{lookahead}s"
+[metrics]
+enabled = false
+[retention]
+enabled = false
+[log]
+level = "warning"
+[channels.noop]
+kind = "python"
+target = "bench.noop:deliver"
+concurrency = 16
+"""
+
+#: Seconds between the deadline and the crunch (the daemons' look-ahead), and the margin
+#: between the last insert and the crunch; smaller in a smoke run.
+RENT_DAY_LOOKAHEAD = {True: 5, False: 60}
+RENT_DAY_MARGIN = {True: 5, False: 15}
+
+
+async def w_rent_day(ctx: Ctx) -> dict[str, float]:
+    """Rent day on real time (issue 27): n monthly series due at one local instant (Berlin),
+    written ahead, made by three daemon processes (a look-ahead of a minute; a no-op channel):
+    the share of occurrences made before their instant (target 1), how long the crunch took
+    (first to last made), rows made for next month (target 0), and seconds from the instant to
+    the last delivered. The SIGKILL during the crunch is tests/test_rent_day.py."""
+    n = ctx.sizes.series
+    smoke = n <= 10_000
+    lookahead, margin = RENT_DAY_LOOKAHEAD[smoke], RENT_DAY_MARGIN[smoke]
+    name, dsn = ctx.fresh()
+    cfg = Path(f"/tmp/pgwork-bench-rent-{os.getpid()}.toml")
+    cfg.write_text(RENT_DAY_CONFIG.format(lookahead=lookahead))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+
+            async def one(sql: str, *args: Any) -> Any:
+                row = await (await app.execute(sql, args or None)).fetchone()
+                return row[0] if row else None
+
+            env = {**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT)}
+            for _ in range(3):
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
+                        cwd=ROOT,
+                        env=env,
+                    )
+                )
+            with anyio.fail_after(60):
+                while await one("SELECT count(*) FROM pgwork.daemon") < 3:
+                    await anyio.sleep(0.1)
+            # The deadline: far enough ahead for the insert (at ~5k series/s) and the margin.
+            lead = lookahead + margin + n / 5000
+            first = await one(
+                "SELECT date_trunc('second', now() AT TIME ZONE 'Europe/Berlin') + %s * interval '1 second'",
+                lead,
+            )
+            for start in range(0, n, 1000):
+                await app.execute(
+                    "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
+                    "channel, recipient) SELECT 'rent', 'flat-' || g, %s, 'Europe/Berlin', "
+                    "'FREQ=MONTHLY', 'noop', 'r' FROM generate_series(%s::int, %s::int) g",
+                    (first, start + 1, min(start + 1000, n)),
+                )
+            deadline = await one("SELECT pgwork.local_to_instant(%s, 'Europe/Berlin')", first)
+            made_early = await one("SELECT count(*) FROM pgwork.renewal_work")
+            with anyio.fail_after(lead + 600):
+                while (
+                    await one("SELECT count(*) FROM pgwork.renewal_work WHERE status = 'delivered'")
+                    < n
+                ):
+                    await anyio.sleep(0.2)
+            cur = await app.execute(
+                "SELECT count(*) FILTER (WHERE created_at < deadline)::float8 / count(*),"
+                " extract(epoch FROM max(created_at) - min(created_at)),"
+                " count(*) FILTER (WHERE deadline_local <> %(first)s),"
+                " extract(epoch FROM max(finished_at) - %(deadline)s)"
+                " FROM pgwork.renewal_work",
+                {"first": first, "deadline": deadline},
+            )
+            made_before, crunch_s, next_month, last_s = (await cur.fetchone()) or (0, 0, 0, 0)
+        return {
+            "made_before_instant": float(made_before),
+            "crunch_s": float(crunch_s),
+            "made_too_early": float(made_early),
+            "next_month_rows": float(next_month),
+            "last_delivered_s": float(last_s),
+        }
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+        cfg.unlink(missing_ok=True)
+        ctx.drop(name)
+
+
 # -- 9. memory -----------------------------------------------------------------------------
 
 
