@@ -243,6 +243,56 @@ async def test_edits_never_resend_and_supersede_what_left_the_series(
     assert [r["status"] for r in await made(conn)] == ["delivered", "cancelled", "cancelled"]
 
 
+async def test_a_zone_edit_onto_the_instant_of_a_sent_occurrence_is_that_send(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Two deadlines a day, 10:00 and 11:00 Berlin; tomorrow's 10:00 is sent, 11:00 is made and
+    unsent. Moved to Helsinki (an hour ahead), 11:00 Helsinki is the instant 10:00 Berlin was
+    sent at: the same send, as the page treats two local deadlines on one instant, so it is
+    superseded, and the app's UPDATE goes through (it failed on work_occurrence_unique)."""
+    d1 = (await _day(conn, 1)).replace("09:00", "10:00")
+    await series(conn, "rent", "FREQ=DAILY;BYHOUR=10,11", d1, "Europe/Berlin")
+    await materialise(dsn, cutoff=utc(d1) + dt.timedelta(minutes=30))  # 11:00 Berlin is 10:00Z
+    got = await made(conn)
+    assert [r["status"] for r in got] == ["ready", "ready"]
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() "
+        "WHERE deadline_local = %s",
+        (d1,),
+    )
+    await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/Helsinki'")
+    after = await made(conn)
+    assert [(r["deadline_local"].hour, r["status"]) for r in after] == [
+        (10, "delivered"),
+        (11, "superseded"),
+    ]
+    # A pass makes no second row for it either (the page's rule: one send per instant).
+    await materialise(dsn, cutoff=utc(d1) + dt.timedelta(hours=3))
+    assert [(r["deadline_local"].hour, r["status"]) for r in await made(conn)] == [
+        (10, "delivered"),
+        (11, "superseded"),
+    ]
+
+
+async def test_a_zone_edit_that_shifts_one_unsent_deadline_onto_another_is_refused(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """01:30 and 02:30 daily, made in UTC for 28 March 2027; moved to London, whose clocks jump
+    from 01:00 to 02:00 that night, 01:30 would be shifted onto 02:30's instant. The edit is
+    refused naming due_tz, with a hint, and nothing changes (it failed on
+    work_occurrence_unique); neither unsent deadline is dropped."""
+    await series(conn, "rent", "FREQ=DAILY;BYHOUR=1,2;BYMINUTE=30", "2027-03-28 01:30", "UTC")
+    await materialise(dsn, cutoff=utc("2027-03-28 02:45"))
+    before = await made(conn)
+    assert [r["status"] for r in before] == ["ready", "ready"]
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/London'")
+    assert info.value.diag.column_name == "due_tz"
+    assert "once the occurrences" in (info.value.diag.message_hint or "")
+    assert await made(conn) == before
+    assert (await rows(conn, "SELECT due_tz FROM pgwork.reminder"))[0]["due_tz"] == "UTC"
+
+
 async def test_downtime_every_missed_occurrence_accounted_for(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -15,6 +15,10 @@
 --     searched to the year 9999: 15 s for a daily rule on 30 February); a COUNT the rule does
 --     not reach within 100 years is refused.
 --   * pgwork.recur_upcoming (recur_preview, reminder_status) searches at most 100 years ahead.
+--   * pgwork.reminder_after_reschedule: a zone edit that puts an unsent occurrence on the
+--     instant of one sent (another local deadline) supersedes it as that send; one that puts
+--     it on the instant of another row is refused naming due_tz (both broke
+--     work_occurrence_unique with a bare unique violation).
 -- Every function keeps its signature; upgrade as always: stop the daemons, `pgwork migrate`,
 -- start the new version.
 
@@ -342,6 +346,61 @@ BEGIN
       FROM nxt n
       LEFT JOIN made m ON m.reminder_id = n.id
      GROUP BY n.id, n.next_fire_at;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
+BEGIN
+    IF NEW.recur_rule IS NULL THEN
+        UPDATE pgwork.renewal_work
+           SET status = 'superseded', finished_at = now()
+         WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
+           AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL);
+    ELSE
+        -- A series' edit: unsent occurrences it no longer has are superseded ...
+        UPDATE pgwork.renewal_work w
+           SET status = 'superseded', finished_at = now()
+         WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+           AND pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
+                                      NEW.recur_until, NEW.remind_before, NEW.recur_version,
+                                      w.deadline_local, w.occurrence, NULL) IS NOT NULL;
+        -- ... one that a new zone puts on the instant of a row sent or being sent (another
+        -- local deadline) is that send, as a page would not make it: superseded (it broke
+        -- work_occurrence_unique and the app's edit) ...
+        UPDATE pgwork.renewal_work w
+           SET status = 'superseded', finished_at = now()
+          FROM (SELECT x.id, x.occurrence, pgwork.local_to_instant(x.deadline_local, NEW.due_tz) AS deadline
+                  FROM pgwork.renewal_work x
+                 WHERE x.reminder_id = NEW.id AND x.status IS NOT DISTINCT FROM 'ready') AS n
+         WHERE w.id = n.id
+           AND EXISTS (SELECT FROM pgwork.renewal_work o
+                        WHERE o.reminder_id = NEW.id AND o.deadline = n.deadline AND o.occurrence = n.occurrence
+                          AND o.status IN ('claimed', 'delivered', 'dead'));
+        -- ... and the others follow the zone (same local deadline, same key) and the version.
+        BEGIN
+            UPDATE pgwork.renewal_work w
+               SET deadline = n.deadline, due_at = n.due_at,
+                   available_at = CASE WHEN w.attempts = 0 THEN n.due_at ELSE w.available_at END,
+                   recur_version = NEW.recur_version
+              FROM (SELECT x.id, pgwork.local_to_instant(x.deadline_local, NEW.due_tz) AS deadline,
+                           pgwork.fire_at(pgwork.local_to_instant(x.deadline_local, NEW.due_tz), x.deadline_local,
+                                          NEW.due_tz, x.occurrence) AS due_at
+                      FROM pgwork.renewal_work x
+                     WHERE x.reminder_id = NEW.id AND x.status IS NOT DISTINCT FROM 'ready') AS n
+             WHERE w.id = n.id;
+        EXCEPTION WHEN unique_violation THEN
+            -- In the new zone an unsent deadline falls on the instant another row of the series
+            -- holds (one in a DST gap shifted onto another, or one made and closed unsent before):
+            -- refused, nothing changes, nothing is lost. (Rare: a zone edit while the series has
+            -- made rows an hour apart around a DST change.)
+            RAISE EXCEPTION 'pgwork: in %, an unsent deadline of reminder % falls on the instant of another of its occurrences (a DST gap shifts one onto the other)',
+                            NEW.due_tz, NEW.id
+                USING ERRCODE = 'check_violation', COLUMN = 'due_tz',
+                      HINT = 'Change the zone once the occurrences made for the next hours are sent.';
+        END;
+    END IF;
+    RETURN NULL;
 END
 $$;
 
