@@ -599,9 +599,12 @@ COMMENT ON FUNCTION pgwork.recur_error(text, text, text) IS
 CREATE FUNCTION pgwork.recur_ints(part text, value text, lo integer, hi integer, signed boolean)
 RETURNS integer[] LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 -- A comma-separated list of whole numbers in lo..hi (also -hi..-lo when signed), sorted, once each.
+-- Written with expressions only (no query): a query here is a statement started for each row an
+-- app inserts, and cost a series' insert ~10 us.
 DECLARE
     item text;
     n    integer;
+    i    integer;
     got  integer[] := '{}';
 BEGIN
     FOREACH item IN ARRAY string_to_array(value, ',') LOOP
@@ -615,9 +618,15 @@ BEGIN
                 CASE WHEN signed THEN format('%s..%s or -%s..-%s', lo, hi, hi, lo)
                      ELSE format('%s..%s', lo, hi) END));
         END IF;
-        got := got || n;
+        IF NOT n = ANY (got) THEN
+            i := 1;
+            WHILE i <= cardinality(got) AND got[i] < n LOOP
+                i := i + 1;
+            END LOOP;
+            got := got[1:i - 1] || n || got[i:];
+        END IF;
     END LOOP;
-    RETURN ARRAY(SELECT DISTINCT x FROM unnest(got) AS x ORDER BY x);
+    RETURN got;
 END
 $$;
 COMMENT ON FUNCTION pgwork.recur_ints(text, text, integer, integer, boolean) IS
@@ -798,6 +807,7 @@ DECLARE
     bydayn integer[] := '{}';
     bydaywd integer[] := '{}';
     byday_text text;
+    byday_seen integer[] := '{}';  -- ordinal * 8 + weekday: each BYDAY entry once
     bysetpos integer[] := '{}';
     byhour integer[];
     byminute integer[];
@@ -884,8 +894,8 @@ BEGIN
                 IF m IS NULL OR m[1]::integer = 0 THEN
                     PERFORM pgwork.recur_error(format('recur BYDAY has "%s", not a weekday with an optional ordinal (MO, -1FR, 2TU)', item));
                 END IF;
-                IF NOT EXISTS (SELECT FROM unnest(bydayn, bydaywd) AS x(a, b)
-                                WHERE x.a = coalesce(m[1]::integer, 0) AND x.b = array_position(names, m[2])) THEN
+                IF NOT coalesce(m[1]::integer, 0) * 8 + array_position(names, m[2]) = ANY (byday_seen) THEN
+                    byday_seen := byday_seen || (coalesce(m[1]::integer, 0) * 8 + array_position(names, m[2]));
                     bydayn := bydayn || coalesce(m[1]::integer, 0);
                     bydaywd := bydaywd || array_position(names, m[2]);
                 END IF;
@@ -903,17 +913,18 @@ BEGIN
     IF cnt IS NOT NULL AND until IS NOT NULL THEN
         PERFORM pgwork.recur_error('recur gives both COUNT and UNTIL', 'End a series by one of them.');
     END IF;
-    IF EXISTS (SELECT FROM unnest(bydayn) AS n WHERE n <> 0) THEN
+    -- (Array operators, not queries over unnest: each query is a statement started per insert.)
+    IF NOT bydayn <@ '{0}'::integer[] THEN
         IF freq IN ('DAILY', 'WEEKLY') THEN
             PERFORM pgwork.recur_error(format('recur BYDAY=%s has an ordinal, which needs FREQ=MONTHLY or YEARLY', byday_text),
                 'An ordinal counts in a month or a year; with FREQ=WEEKLY write the weekday alone.');
         END IF;
-        IF EXISTS (SELECT FROM unnest(bydayn) AS n WHERE n = 0) THEN
+        IF 0 = ANY (bydayn) THEN
             PERFORM pgwork.recur_error(format('recur BYDAY=%s mixes weekdays with and without an ordinal', byday_text),
                 'Use one kind per rule (or two reminders).');
         END IF;
         IF (freq = 'MONTHLY' OR cardinality(bymonth) > 0)
-           AND EXISTS (SELECT FROM unnest(bydayn) AS n WHERE abs(n) > 5) THEN
+           AND NOT bydayn <@ '{-5,-4,-3,-2,-1,1,2,3,4,5}'::integer[] THEN
             PERFORM pgwork.recur_error(format('recur BYDAY=%s has an ordinal past 5 in a month', byday_text));
         END IF;
     END IF;
@@ -1520,7 +1531,7 @@ BEGIN
         -- progress and the cutoff, from its progress plus its shortest remind_before entry (never
         -- before the series' start) to the cutoff plus its longest and a span in which the rule
         -- has its next deadline if it has one every period; a day more each side for DST.
-        SELECT d.id, d.recur_rule, d.due_local, d.due_tz, b.longest, d.recur_skip, d.series_from,
+        SELECT d.id, d.recur_rule, d.due_local, d.due_tz, b.longest, d.recur_skip, d.series_from, d.remind_before,
                greatest((d.next_fire_at AT TIME ZONE d.due_tz) + b.shortest,
                         d.series_from AT TIME ZONE d.due_tz) - interval '1 day' AS lo,
                (d.cutoff AT TIME ZONE d.due_tz) + b.longest
@@ -1538,25 +1549,32 @@ BEGIN
         -- were completed from it when it was compiled): the key says so with -infinity, and such
         -- series of one rule, one zone and one window share one evaluation below.
         SELECT w.id, w.recur_rule, w.due_tz, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip, w.series_from,
+               w.remind_before,
                CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
                     THEN '-infinity' ELSE w.due_local END AS anchor
           FROM windows w
     ), evaluated AS MATERIALIZED (
-        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant): on
-        -- rent day, a million series of "the 1st at 09:00 Berlin" cost one evaluation per page.
-        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, x.dl, pgwork.local_to_instant(x.dl, e.due_tz) AS deadline_at
-          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor FROM keyed k) AS e
-         CROSS JOIN LATERAL pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
-                                                 e.lo, e.hi) AS x(dl)
+        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant), with
+        -- the instants of their sends (in remind_before's order): on rent day, a million series
+        -- of "the 1st at 09:00 Berlin" cost one evaluation per page.
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.remind_before, x.dl, x.deadline_at,
+               ARRAY(SELECT pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, b.before)
+                       FROM unnest(e.remind_before) WITH ORDINALITY AS b(before, i) ORDER BY b.i) AS fire_ats
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.remind_before FROM keyed k) AS e
+         CROSS JOIN LATERAL (
+               SELECT r.dl, pgwork.local_to_instant(r.dl, e.due_tz) AS deadline_at
+                 FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
+                                           e.lo, e.hi) AS r(dl)) AS x
     ), deadlines AS MATERIALIZED (
         -- Its deadlines in the window, without the skipped ones and the history before the
         -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
         -- of the series) are one: the one not shifted. (No join with due here: estimated at a
         -- few rows, it was made a nested loop, a page's series times its deadlines.)
-        SELECT DISTINCT ON (k.id, e.deadline_at) k.id, e.dl, e.deadline_at
+        SELECT DISTINCT ON (k.id, e.deadline_at) k.id, e.dl, e.deadline_at, e.fire_ats
           FROM keyed k
           JOIN evaluated e
             ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi AND e.anchor = k.anchor
+           AND e.remind_before = k.remind_before
          WHERE e.dl <> ALL (coalesce(k.recur_skip, '{}')) AND e.deadline_at >= k.series_from
          ORDER BY k.id, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
     ), fires AS MATERIALIZED (
@@ -1564,12 +1582,12 @@ BEGIN
         -- before the series was written or last edited (never a deadline before it: history).
         SELECT d.id, d.source, d.business_key, k.deadline_at AS due_at, d.channel, b.before,
                d.next_fire_at AS progress,
-               pgwork.fire_at(k.deadline_at, k.dl, d.due_tz, b.before) AS fire_at,
+               b.fire_at,
                greatest(d.planned_at, d.series_from) AS planned_at, d.cutoff, d.traceparent, d.tracestate,
                k.dl, d.recur_version
           FROM deadlines k
           JOIN due d ON d.id = k.id
-         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+         CROSS JOIN LATERAL unnest(d.remind_before, k.fire_ats) AS b(before, fire_at)
     ), occ AS MATERIALIZED (
         SELECT f.*,
                pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,

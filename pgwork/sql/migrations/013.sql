@@ -6,7 +6,7 @@
 --     computed month by month, instead of every day of the period; recur_index is called with
 --     columns, so the planner inlines it; the compiled rule's lists are read with one cast each.
 --   * pgwork.materialise_series: series of one rule, zone and window (INTERVAL=1, the window
---     after the first deadline) share one evaluation of their deadlines per page; its joins
+--     after the first deadline) share one evaluation of their deadlines and sends per page; its joins
 --     are never nested loops (estimated at a few rows, a page's series were matched against
 --     every occurrence of the page: 0.4 s a page).
 --   * pgwork.recur_compile: a rule without BYSETPOS or an ordinal BYDAY has its first deadline
@@ -14,6 +14,8 @@
 --     with no occurrence near its first deadline is refused after a search of 8 years (it was
 --     searched to the year 9999: 15 s for a daily rule on 30 February); a COUNT the rule does
 --     not reach within 100 years is refused.
+--   * pgwork.recur_rule and recur_ints parse a rule with expressions only, no query per part
+--     (each query was a statement started for each row an app inserts).
 --   * pgwork.recur_upcoming (recur_preview, reminder_status) searches at most 100 years ahead.
 --   * pgwork.reminder_after_reschedule: a zone edit that puts an unsent occurrence on the
 --     instant of one sent (another local deadline) supersedes it as that send; one that puts
@@ -21,6 +23,40 @@
 --     work_occurrence_unique with a bare unique violation).
 -- Every function keeps its signature; upgrade as always: stop the daemons, `pgwork migrate`,
 -- start the new version.
+
+CREATE OR REPLACE FUNCTION pgwork.recur_ints(part text, value text, lo integer, hi integer, signed boolean)
+RETURNS integer[] LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+-- A comma-separated list of whole numbers in lo..hi (also -hi..-lo when signed), sorted, once each.
+-- Written with expressions only (no query): a query here is a statement started for each row an
+-- app inserts, and cost a series' insert ~10 us.
+DECLARE
+    item text;
+    n    integer;
+    i    integer;
+    got  integer[] := '{}';
+BEGIN
+    FOREACH item IN ARRAY string_to_array(value, ',') LOOP
+        item := btrim(item);
+        IF item !~ '^[+-]?[0-9]{1,4}$' THEN
+            PERFORM pgwork.recur_error(format('recur %s has "%s", not a whole number', part, item));
+        END IF;
+        n := item::integer;
+        IF NOT (n BETWEEN lo AND hi OR (signed AND n BETWEEN -hi AND -lo)) THEN
+            PERFORM pgwork.recur_error(format('recur %s %s is out of range (%s)', part, item,
+                CASE WHEN signed THEN format('%s..%s or -%s..-%s', lo, hi, hi, lo)
+                     ELSE format('%s..%s', lo, hi) END));
+        END IF;
+        IF NOT n = ANY (got) THEN
+            i := 1;
+            WHILE i <= cardinality(got) AND got[i] < n LOOP
+                i := i + 1;
+            END LOOP;
+            got := got[1:i - 1] || n || got[i:];
+        END IF;
+    END LOOP;
+    RETURN got;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION pgwork.recur_between(rule jsonb, dtstart timestamp, lo timestamp, hi timestamp)
 RETURNS SETOF timestamp LANGUAGE sql STABLE PARALLEL SAFE AS $$
@@ -146,6 +182,191 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION pgwork.recur_rule(recur text, dtstart timestamp, tz text) RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+-- The rule as pgwork evaluates it, anchored at its first deadline dtstart (local, in tz):
+--   {freq, interval, wkst, second, bymonth, bymonthday, bydayn, bydaywd, bysetpos, byhour,
+--    byminute, count, until}
+-- with RFC 5545's defaults taken from dtstart (the time of day; the weekday of a WEEKLY rule;
+-- the day of a MONTHLY one; the day and month of a YEARLY one). A rule that cannot be right is
+-- refused here, naming the column. (pgwork.recur_compile also checks dtstart against it.)
+DECLARE
+    names constant text[] := '{MO,TU,WE,TH,FR,SA,SU}';
+    parts constant text := 'pgwork takes FREQ, INTERVAL, BYMONTH, BYMONTHDAY, BYDAY, BYSETPOS, BYHOUR, BYMINUTE, WKST, COUNT and UNTIL.';
+    body  text;
+    part  text;
+    key   text;
+    val   text;
+    seen  text[] := '{}';
+    freq  text;
+    ival  integer := 1;
+    cnt   integer;
+    until timestamp;
+    bymonth integer[] := '{}';
+    bymonthday integer[] := '{}';
+    bydayn integer[] := '{}';
+    bydaywd integer[] := '{}';
+    byday_text text;
+    byday_seen integer[] := '{}';  -- ordinal * 8 + weekday: each BYDAY entry once
+    bysetpos integer[] := '{}';
+    byhour integer[];
+    byminute integer[];
+    wkst integer := 1;
+    item text;
+    m text[];
+    rule jsonb;
+BEGIN
+    IF dtstart IS NULL OR tz IS NULL THEN
+        PERFORM pgwork.recur_error('recur needs due_local and due_tz (the first deadline and its zone)',
+                                   'Use due_tz = ''UTC'' for a series in UTC.', 'due_local');
+    END IF;
+    body := regexp_replace(btrim(recur), '^RRULE:', '', 'i');
+    IF body = '' THEN
+        PERFORM pgwork.recur_error('recur is empty', 'Write e.g. ''FREQ=MONTHLY;BYMONTHDAY=1'', or leave recur NULL.');
+    END IF;
+    FOREACH part IN ARRAY string_to_array(body, ';') LOOP
+        CONTINUE WHEN btrim(part) = '';
+        IF position('=' IN part) = 0 THEN
+            PERFORM pgwork.recur_error(format('recur part "%s" is not NAME=VALUE', part));
+        END IF;
+        key := upper(btrim(split_part(part, '=', 1)));
+        val := upper(btrim(substr(part, position('=' IN part) + 1)));
+        IF key = ANY (seen) THEN
+            PERFORM pgwork.recur_error(format('recur gives %s twice', key));
+        END IF;
+        seen := seen || key;
+        IF val = '' THEN
+            PERFORM pgwork.recur_error(format('recur %s has no value', key));
+        END IF;
+        CASE key
+        WHEN 'FREQ' THEN
+            IF val IN ('SECONDLY', 'MINUTELY', 'HOURLY') THEN
+                PERFORM pgwork.recur_error(format('recur has FREQ=%s; pgwork recurs DAILY, WEEKLY, MONTHLY or YEARLY', val),
+                    'A reminder is a deadline, not a job: give several times a day with BYHOUR and BYMINUTE.');
+            ELSIF val NOT IN ('DAILY', 'WEEKLY', 'MONTHLY', 'YEARLY') THEN
+                PERFORM pgwork.recur_error(format('recur FREQ=%s is not DAILY, WEEKLY, MONTHLY or YEARLY', val));
+            END IF;
+            freq := val;
+        WHEN 'INTERVAL', 'COUNT' THEN
+            IF val LIKE '%,%' THEN
+                PERFORM pgwork.recur_error(format('recur %s takes one number', key));
+            END IF;
+            IF key = 'INTERVAL' THEN
+                ival := (pgwork.recur_ints('INTERVAL', val, 1, 1000, false))[1];
+            ELSE
+                cnt := (pgwork.recur_ints('COUNT', val, 1, 1000, false))[1];
+            END IF;
+        WHEN 'UNTIL' THEN
+            m := regexp_match(val, '^([0-9]{8})(T([0-9]{6})(Z?))?$');
+            IF m IS NULL THEN
+                PERFORM pgwork.recur_error(format('recur UNTIL=%s is neither a date (YYYYMMDD) nor a time (YYYYMMDDTHHMMSS, local; with Z, UTC)', val));
+            END IF;
+            BEGIN
+                until := to_timestamp(m[1] || coalesce(m[3], '235959'), 'YYYYMMDDHH24MISS')::timestamp;
+            EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow THEN
+                until := NULL;
+            END;
+            IF until IS NULL OR to_char(until, 'YYYYMMDDHH24MISS') <> m[1] || coalesce(m[3], '235959') THEN
+                PERFORM pgwork.recur_error(format('recur UNTIL=%s is not a valid date', val));
+            END IF;
+            IF m[4] = 'Z' THEN
+                until := (until AT TIME ZONE 'UTC') AT TIME ZONE tz;
+            END IF;
+        WHEN 'BYMONTH' THEN
+            bymonth := pgwork.recur_ints('BYMONTH', val, 1, 12, false);
+        WHEN 'BYMONTHDAY' THEN
+            bymonthday := pgwork.recur_ints('BYMONTHDAY', val, 1, 31, true);
+        WHEN 'BYSETPOS' THEN
+            bysetpos := pgwork.recur_ints('BYSETPOS', val, 1, 366, true);
+        WHEN 'BYHOUR' THEN
+            byhour := pgwork.recur_ints('BYHOUR', val, 0, 23, false);
+        WHEN 'BYMINUTE' THEN
+            byminute := pgwork.recur_ints('BYMINUTE', val, 0, 59, false);
+        WHEN 'WKST' THEN
+            wkst := array_position(names, val);
+            IF wkst IS NULL THEN
+                PERFORM pgwork.recur_error(format('recur WKST=%s is not a weekday (MO, TU, WE, TH, FR, SA, SU)', val));
+            END IF;
+        WHEN 'BYDAY' THEN
+            byday_text := val;
+            FOREACH item IN ARRAY string_to_array(val, ',') LOOP
+                m := regexp_match(btrim(item), '^([+-]?[0-9]{1,2})?(MO|TU|WE|TH|FR|SA|SU)$');
+                IF m IS NULL OR m[1]::integer = 0 THEN
+                    PERFORM pgwork.recur_error(format('recur BYDAY has "%s", not a weekday with an optional ordinal (MO, -1FR, 2TU)', item));
+                END IF;
+                IF NOT coalesce(m[1]::integer, 0) * 8 + array_position(names, m[2]) = ANY (byday_seen) THEN
+                    byday_seen := byday_seen || (coalesce(m[1]::integer, 0) * 8 + array_position(names, m[2]));
+                    bydayn := bydayn || coalesce(m[1]::integer, 0);
+                    bydaywd := bydaywd || array_position(names, m[2]);
+                END IF;
+            END LOOP;
+        WHEN 'BYWEEKNO', 'BYYEARDAY', 'BYSECOND', 'BYEASTER', 'RSCALE', 'SKIP' THEN
+            PERFORM pgwork.recur_error(format('recur part %s is not supported', key), parts);
+        ELSE
+            PERFORM pgwork.recur_error(format('recur has unknown part %s', key), parts);
+        END CASE;
+    END LOOP;
+
+    IF freq IS NULL THEN
+        PERFORM pgwork.recur_error('recur has no FREQ', 'Start the rule with FREQ=DAILY, WEEKLY, MONTHLY or YEARLY.');
+    END IF;
+    IF cnt IS NOT NULL AND until IS NOT NULL THEN
+        PERFORM pgwork.recur_error('recur gives both COUNT and UNTIL', 'End a series by one of them.');
+    END IF;
+    -- (Array operators, not queries over unnest: each query is a statement started per insert.)
+    IF NOT bydayn <@ '{0}'::integer[] THEN
+        IF freq IN ('DAILY', 'WEEKLY') THEN
+            PERFORM pgwork.recur_error(format('recur BYDAY=%s has an ordinal, which needs FREQ=MONTHLY or YEARLY', byday_text),
+                'An ordinal counts in a month or a year; with FREQ=WEEKLY write the weekday alone.');
+        END IF;
+        IF 0 = ANY (bydayn) THEN
+            PERFORM pgwork.recur_error(format('recur BYDAY=%s mixes weekdays with and without an ordinal', byday_text),
+                'Use one kind per rule (or two reminders).');
+        END IF;
+        IF (freq = 'MONTHLY' OR cardinality(bymonth) > 0)
+           AND NOT bydayn <@ '{-5,-4,-3,-2,-1,1,2,3,4,5}'::integer[] THEN
+            PERFORM pgwork.recur_error(format('recur BYDAY=%s has an ordinal past 5 in a month', byday_text));
+        END IF;
+    END IF;
+    IF freq = 'WEEKLY' AND cardinality(bymonthday) > 0 THEN
+        PERFORM pgwork.recur_error('recur BYMONTHDAY cannot go with FREQ=WEEKLY (RFC 5545)',
+            'Use FREQ=MONTHLY with BYMONTHDAY, or FREQ=WEEKLY with BYDAY.');
+    END IF;
+    IF cardinality(bysetpos) > 0 AND cardinality(bymonth) = 0 AND cardinality(bymonthday) = 0
+       AND cardinality(bydaywd) = 0 AND byhour IS NULL AND byminute IS NULL THEN
+        PERFORM pgwork.recur_error('recur BYSETPOS needs BYDAY, BYMONTHDAY or BYMONTH',
+            'BYSETPOS picks among the candidates the other BY parts give a period.');
+    END IF;
+    IF until IS NOT NULL AND until < dtstart THEN
+        PERFORM pgwork.recur_error(format('recur UNTIL %s is before due_local %s', until, dtstart));
+    END IF;
+
+    -- RFC 5545's defaults, from the first deadline.
+    IF cardinality(bymonthday) = 0 AND cardinality(bydaywd) = 0 THEN
+        IF freq = 'YEARLY' THEN
+            IF cardinality(bymonth) = 0 THEN
+                bymonth := ARRAY[extract(month FROM dtstart)::integer];
+            END IF;
+            bymonthday := ARRAY[extract(day FROM dtstart)::integer];
+        ELSIF freq = 'MONTHLY' THEN
+            bymonthday := ARRAY[extract(day FROM dtstart)::integer];
+        ELSIF freq = 'WEEKLY' THEN
+            bydayn := '{0}';
+            bydaywd := ARRAY[extract(isodow FROM dtstart)::integer];
+        END IF;
+    END IF;
+    rule := jsonb_build_object(
+        'freq', freq, 'interval', ival, 'wkst', wkst,
+        'second', extract(second FROM dtstart),
+        'bymonth', to_jsonb(bymonth), 'bymonthday', to_jsonb(bymonthday),
+        'bydayn', to_jsonb(bydayn), 'bydaywd', to_jsonb(bydaywd), 'bysetpos', to_jsonb(bysetpos),
+        'byhour', to_jsonb(coalesce(byhour, ARRAY[extract(hour FROM dtstart)::integer])),
+        'byminute', to_jsonb(coalesce(byminute, ARRAY[extract(minute FROM dtstart)::integer])),
+        'count', cnt, 'until', until);
+    RETURN rule;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgwork.recur_compile(recur text, dtstart timestamp, tz text) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- pgwork.recur_rule, and then: the first deadline must be one of the rule's occurrences, and
@@ -231,7 +452,7 @@ BEGIN
         -- progress and the cutoff, from its progress plus its shortest remind_before entry (never
         -- before the series' start) to the cutoff plus its longest and a span in which the rule
         -- has its next deadline if it has one every period; a day more each side for DST.
-        SELECT d.id, d.recur_rule, d.due_local, d.due_tz, b.longest, d.recur_skip, d.series_from,
+        SELECT d.id, d.recur_rule, d.due_local, d.due_tz, b.longest, d.recur_skip, d.series_from, d.remind_before,
                greatest((d.next_fire_at AT TIME ZONE d.due_tz) + b.shortest,
                         d.series_from AT TIME ZONE d.due_tz) - interval '1 day' AS lo,
                (d.cutoff AT TIME ZONE d.due_tz) + b.longest
@@ -249,25 +470,32 @@ BEGIN
         -- were completed from it when it was compiled): the key says so with -infinity, and such
         -- series of one rule, one zone and one window share one evaluation below.
         SELECT w.id, w.recur_rule, w.due_tz, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip, w.series_from,
+               w.remind_before,
                CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
                     THEN '-infinity' ELSE w.due_local END AS anchor
           FROM windows w
     ), evaluated AS MATERIALIZED (
-        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant): on
-        -- rent day, a million series of "the 1st at 09:00 Berlin" cost one evaluation per page.
-        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, x.dl, pgwork.local_to_instant(x.dl, e.due_tz) AS deadline_at
-          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor FROM keyed k) AS e
-         CROSS JOIN LATERAL pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
-                                                 e.lo, e.hi) AS x(dl)
+        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant), with
+        -- the instants of their sends (in remind_before's order): on rent day, a million series
+        -- of "the 1st at 09:00 Berlin" cost one evaluation per page.
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.remind_before, x.dl, x.deadline_at,
+               ARRAY(SELECT pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, b.before)
+                       FROM unnest(e.remind_before) WITH ORDINALITY AS b(before, i) ORDER BY b.i) AS fire_ats
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.remind_before FROM keyed k) AS e
+         CROSS JOIN LATERAL (
+               SELECT r.dl, pgwork.local_to_instant(r.dl, e.due_tz) AS deadline_at
+                 FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
+                                           e.lo, e.hi) AS r(dl)) AS x
     ), deadlines AS MATERIALIZED (
         -- Its deadlines in the window, without the skipped ones and the history before the
         -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
         -- of the series) are one: the one not shifted. (No join with due here: estimated at a
         -- few rows, it was made a nested loop, a page's series times its deadlines.)
-        SELECT DISTINCT ON (k.id, e.deadline_at) k.id, e.dl, e.deadline_at
+        SELECT DISTINCT ON (k.id, e.deadline_at) k.id, e.dl, e.deadline_at, e.fire_ats
           FROM keyed k
           JOIN evaluated e
             ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi AND e.anchor = k.anchor
+           AND e.remind_before = k.remind_before
          WHERE e.dl <> ALL (coalesce(k.recur_skip, '{}')) AND e.deadline_at >= k.series_from
          ORDER BY k.id, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
     ), fires AS MATERIALIZED (
@@ -275,12 +503,12 @@ BEGIN
         -- before the series was written or last edited (never a deadline before it: history).
         SELECT d.id, d.source, d.business_key, k.deadline_at AS due_at, d.channel, b.before,
                d.next_fire_at AS progress,
-               pgwork.fire_at(k.deadline_at, k.dl, d.due_tz, b.before) AS fire_at,
+               b.fire_at,
                greatest(d.planned_at, d.series_from) AS planned_at, d.cutoff, d.traceparent, d.tracestate,
                k.dl, d.recur_version
           FROM deadlines k
           JOIN due d ON d.id = k.id
-         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+         CROSS JOIN LATERAL unnest(d.remind_before, k.fire_ats) AS b(before, fire_at)
     ), occ AS MATERIALIZED (
         SELECT f.*,
                pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,
