@@ -185,10 +185,21 @@ async def _day(conn: psycopg.AsyncConnection[Any], days: int) -> str:
     return str(r[0]["t"])
 
 
+async def _next(conn: psycopg.AsyncConnection[Any], k: int) -> str:
+    """The k-th 09:00 (UTC) after now: with no 09:00 between now and the first (a daily series
+    moved back in time has none to make before it, whatever the time of day the test runs)."""
+    r = await rows(
+        conn, "SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '9 hours' "
+        "+ (%s - 1 + CASE WHEN (now() AT TIME ZONE 'UTC')::time >= '09:00' THEN 1 ELSE 0 END) "
+        "* interval '1 day')::text AS t", (k,),
+    )  # fmt: skip
+    return str(r[0]["t"])
+
+
 async def test_edits_never_resend_and_supersede_what_left_the_series(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    d1 = await _day(conn, 1)
+    d1 = await _next(conn, 1)
     await series(conn, "rent", "FREQ=DAILY", d1, "UTC")
     horizon = utc(d1) + dt.timedelta(days=2, hours=1)  # three deadlines
     await materialise(dsn, cutoff=horizon)
@@ -219,7 +230,7 @@ async def test_edits_never_resend_and_supersede_what_left_the_series(
     got = await made(conn)
     assert [r["status"] for r in got] == ["delivered", "ready", "ready"]
     # Skip the third, then end the series after the second, then pause: each closes what left.
-    d3 = await _day(conn, 3)
+    d3 = await _next(conn, 3)
     await conn.execute("UPDATE pgwork.reminder SET recur_skip = ARRAY[%s::timestamp]", (d3,))
     assert [r["status"] for r in await made(conn)] == ["delivered", "ready", "superseded"]
     await materialise(dsn, cutoff=horizon)
@@ -314,9 +325,11 @@ async def test_downtime_every_missed_occurrence_accounted_for(
         "next_fire_at = %s::timestamptz - interval '1 day', planned_at = %s::timestamptz - interval '1 hour'",
         (first + "+00", first + "+00", first + "+00"),
     )
-    await materialise(dsn, cutoff=dt.datetime.now(UTC))
+    now = dt.datetime.now(UTC)
+    await materialise(dsn, cutoff=now)
     got = await made(conn)
-    today_passed = got[-1]["due_at"] <= dt.datetime.now(UTC)
+    # first is 09:00 nine days ago; today's 09:00 is made only once it has passed.
+    today_passed = utc(first) + dt.timedelta(days=9) <= now
     assert len(got) == (10 if today_passed else 9)
     assert len({r["operation_id"] for r in got}) == len(got)
     closed = await claim(dsn, expire_after=86400, limit=100)
