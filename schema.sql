@@ -979,7 +979,7 @@ DECLARE
     until    timestamp;
     next_one timestamp;
     is_first boolean;
-    found    bigint;
+    reached  bigint;  -- occurrences found for COUNT
 BEGIN
     -- The first deadline must be an occurrence (RFC 5545 leaves any other start undefined; this
     -- also gives every series at least one). A rule without BYSETPOS and without an ordinal
@@ -1018,10 +1018,10 @@ BEGIN
             'due_local');
     END IF;
     IF cnt IS NOT NULL THEN
-        SELECT max(x), count(*) INTO until, found FROM pgwork.recur_upcoming(rule, dtstart, dtstart, cnt) AS x;
-        IF found < cnt THEN
+        SELECT max(x), count(*) INTO until, reached FROM pgwork.recur_upcoming(rule, dtstart, dtstart, cnt) AS x;
+        IF reached < cnt THEN
             PERFORM pgwork.recur_error(
-                format('recur COUNT=%s: the rule has %s occurrences in the 100 years from due_local', cnt, found),
+                format('recur COUNT=%s: the rule has %s occurrences in the 100 years from due_local', cnt, reached),
                 'pgwork looks at most 100 years ahead: use a smaller COUNT, or UNTIL.');
         END IF;
         rule := rule || jsonb_build_object('until', until);
