@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from dateutil.rrule import rrule, rrulestr
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.anyio
@@ -370,6 +370,9 @@ def test_a_first_deadline_is_taken_exactly_when_it_is_an_occurrence(
     says (its first occurrence from that start is the start itself). Most rules are checked
     part by part, the others by evaluating their first period: both against the oracle."""
     text, start = rule
+    # dateutil ranks BYSETPOS in a WEEKLY rule's first week from its start only (see rules());
+    # pgwork ranks the whole week, as every other period: no oracle for that case.
+    assume(not ("FREQ=WEEKLY" in text and "BYSETPOS" in text and days % 7))
     first = start + dt.timedelta(days=days, hours=hour, minutes=minute)
     try:
         sync_conn.execute("SELECT pgwork.recur_compile(%s, %s, 'UTC')", (text, first))
