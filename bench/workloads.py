@@ -1026,22 +1026,6 @@ async def w_series(ctx: Ctx) -> dict[str, float]:
         ctx.drop(name)
 
 
-RENT_DAY_CONFIG = """
-[materialiser]
-tick = "1s"
-lookahead = "{lookahead}s"
-[metrics]
-enabled = false
-[retention]
-enabled = false
-[log]
-level = "warning"
-[channels.noop]
-kind = "python"
-target = "bench.noop:deliver"
-concurrency = 16
-"""
-
 #: Seconds between the deadline and the crunch (the daemons' look-ahead), and the margin
 #: between the last insert and the crunch; smaller in a smoke run.
 RENT_DAY_LOOKAHEAD = {True: 5, False: 60}
@@ -1059,7 +1043,7 @@ async def w_rent_day(ctx: Ctx) -> dict[str, float]:
     lookahead, margin = RENT_DAY_LOOKAHEAD[smoke], RENT_DAY_MARGIN[smoke]
     name, dsn = ctx.fresh()
     cfg = Path(f"/tmp/pgwork-bench-rent-{os.getpid()}.toml")
-    cfg.write_text(RENT_DAY_CONFIG.format(lookahead=lookahead))
+    cfg.write_text(noop_daemon_toml("1s", f"{lookahead}s"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
@@ -1068,15 +1052,7 @@ async def w_rent_day(ctx: Ctx) -> dict[str, float]:
                 row = await (await app.execute(sql, args or None)).fetchone()
                 return row[0] if row else None
 
-            env = {**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT)}
-            for _ in range(3):
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
-                        cwd=ROOT,
-                        env=env,
-                    )
-                )
+            procs.extend(daemon_process(dsn, cfg) for _ in range(3))
             with anyio.fail_after(60):
                 while await one("SELECT count(*) FROM pgwork.daemon") < 3:
                     await anyio.sleep(0.1)
@@ -1129,10 +1105,14 @@ async def w_rent_day(ctx: Ctx) -> dict[str, float]:
 # -- 9. memory -----------------------------------------------------------------------------
 
 
-MEMORY_CONFIG = """
+def noop_daemon_toml(tick: str, lookahead: str | None = None) -> str:
+    """The config of the daemon processes the workloads start: the no-op channel (concurrency
+    16), metrics and retention off, warnings only; the materialiser's tick (and look-ahead)."""
+    ahead = f'lookahead = "{lookahead}"\n' if lookahead else ""
+    return f"""
 [materialiser]
-tick = "5s"
-[metrics]
+tick = "{tick}"
+{ahead}[metrics]
 enabled = false
 [retention]
 enabled = false
@@ -1143,6 +1123,18 @@ kind = "python"
 target = "bench.noop:deliver"
 concurrency = 16
 """
+
+
+def daemon_process(dsn: str, cfg: Path) -> subprocess.Popen[bytes]:
+    """``pgwork run`` with the config file ``cfg`` on database ``dsn``, as its own process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
+        cwd=ROOT,
+        env={**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT)},
+    )
+
+
+MEMORY_CONFIG = noop_daemon_toml("5s")
 
 
 async def w_memory(ctx: Ctx, rate: float) -> dict[str, float]:
@@ -1156,11 +1148,7 @@ async def w_memory(ctx: Ctx, rate: float) -> dict[str, float]:
         n = ctx.sizes.burndown
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
             await insert_due(app, n)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
-                cwd=ROOT,
-                env={**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT)},
-            )
+            proc = daemon_process(dsn, cfg)
 
             async def delivered() -> int:
                 cur = await app.execute(
@@ -1222,15 +1210,7 @@ async def w_daemons(ctx: Ctx) -> dict[str, float]:
             name, dsn = ctx.fresh()
             procs: list[subprocess.Popen[bytes]] = []
             try:
-                env = {**os.environ, "PGWORK_DSN": dsn, "PYTHONPATH": str(ROOT)}
-                for _ in range(k):
-                    procs.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
-                            cwd=ROOT,
-                            env=env,
-                        )
-                    )
+                procs.extend(daemon_process(dsn, cfg) for _ in range(k))
                 n = ctx.sizes.burndown
                 async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -10,6 +10,11 @@ from psycopg.rows import dict_row
 
 from pgwork import db, store
 from pgwork.duties import materialise as materialiser
+
+
+def utc(text: str) -> datetime:
+    """An ISO time without a zone, read as UTC."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 async def add(

@@ -17,13 +17,9 @@ from dateutil.rrule import rrule, rrulestr
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from .helpers import utc
+
 pytestmark = pytest.mark.anyio
-
-UTC = dt.UTC
-
-
-def utc(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 async def preview(

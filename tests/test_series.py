@@ -17,16 +17,12 @@ from pgwork import db
 from pgwork.queries import Q
 
 from . import sink
-from .helpers import claim, config, materialise, rows, running, until
+from .helpers import claim, config, materialise, rows, running, until, utc
 from .test_retention import clean
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
 UTC = dt.UTC
-
-
-def utc(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 async def series(
