@@ -5,23 +5,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
+import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from functools import partial
 from typing import Any
 
 import anyio
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pgwork import db, store
 from pgwork.channels import Delivery
-from pgwork.channels.types import PayloadError, decode_payload
+from pgwork.channels.types import PayloadError, Receipt, decode_payload
 from pgwork.duties import materialise as materialiser
-from pgwork.duties.outcomes import Record
+from pgwork.duties.outcomes import Cleaner, Record, clean_receipt
 from pgwork.metrics import Metrics
 from pgwork.queries import P, Q, positional
+from pgwork.secrets import Secrets
 from pgwork.supervise import Supervisor
 from pgwork.waker import WakerGroup
 
@@ -471,6 +476,73 @@ async def test_a_delivery_from_a_claimed_row_is_the_dataclass_its_fields_make(
         d.attempt = 2  # type: ignore[misc]
 
 
+def _document_by_json_dumps(d: Delivery) -> str:
+    """The webhook document as json.dumps writes it: what Delivery.document_json must equal."""
+    doc: dict[str, Any] = {
+        "operation_id": str(d.operation_id),
+        "source": d.source,
+        "business_key": d.business_key,
+        "deadline": d.deadline.isoformat(),
+        "occurrence_seconds": d.occurrence.total_seconds(),
+        "due_at": d.due_at.isoformat(),
+        "channel": d.channel,
+        "recipient": d.recipient,
+        "attempt": d.attempt,
+    }
+    if d.deadline_local is not None:
+        doc |= {"deadline_local": d.deadline_local.isoformat(), "time_zone": d.time_zone}
+    head = json.dumps(doc, separators=(",", ":"))
+    return f'{head[:-1]},"payload":{d.payload_json}}}'
+
+
+_zones = st.sampled_from(
+    [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=3))]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.tuples(*[st.text(max_size=12)] * 4),
+    zone=st.none() | st.text(max_size=12),
+    deadline=st.datetimes(datetime(1000, 1, 1), datetime(9000, 1, 1), timezones=_zones),
+    local=st.none() | st.datetimes(),
+    occurrence=st.timedeltas(min_value=timedelta(days=-400), max_value=timedelta(days=400)),
+    attempt=st.integers(min_value=1, max_value=2**31 - 1),
+    operation_id=st.uuids(),
+)
+def test_a_webhook_document_is_what_json_dumps_makes_of_its_fields(
+    text: tuple[str, str, str, str],
+    zone: str | None,
+    deadline: datetime,
+    local: datetime | None,
+    occurrence: timedelta,
+    attempt: int,
+    operation_id: uuid.UUID,
+) -> None:
+    """The webhook body is written with one f-string and json's C string encoder, not json.dumps
+    of a dict (bench/README.md, "Per-delivery code"): byte for byte what json.dumps writes, for
+    any text (quotes, backslashes, control and non-ASCII characters), offset and fraction of a
+    second, a one-off or an occurrence of a series."""
+    source, key, channel, recipient = text
+    d = Delivery(
+        operation_id=operation_id,
+        source=source,
+        business_key=key,
+        deadline=deadline,
+        occurrence=occurrence,
+        due_at=deadline + occurrence,
+        channel=channel,
+        work_id=1,
+        recipient=recipient,
+        payload_json='{"n":1.50,"s":"\\u00e9"}',
+        attempt=attempt,
+        deadline_local=local,
+        time_zone=zone if local is not None else None,
+    )
+    assert d.document_json() == _document_by_json_dumps(d)
+    assert json.loads(d.document_json())["payload"] == {"n": 1.5, "s": "\u00e9"}
+
+
 async def test_a_payload_is_decoded_as_json_loads_decodes_it(
     conn: psycopg.AsyncConnection[Any],
 ) -> None:
@@ -587,6 +659,62 @@ async def test_an_outcome_record_is_the_json_object_its_fields_make(
     assert await cur.fetchall() == [
         (r.work_id, r.channel, r.error, r.receipt, max(0.0, now - r.started), r.retry_after)
         for r in records
+    ]
+
+
+async def test_a_receipt_shared_by_many_records_is_stored_as_cleaning_makes_it(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The webhook channel shares one outcome between deliveries that got the same answer, and
+    the writer cleans each shared receipt once (``Cleaner``): every record must still carry the
+    receipt cleaned and masked as ``clean_receipt`` makes it, its JSON text must be that
+    receipt's, and Postgres must read it so. A plain dict (a python channel's, which may change
+    it after returning it) is cleaned anew every time."""
+    secret = "tok-3f9a2b"
+    cleaner = Cleaner(Secrets([secret]))
+    answer = Receipt(
+        http_status=200, body={"echo": f"Bearer {secret}", "x": math.nan, "s": "a\x00b\udc80"}
+    )
+    want = {"http_status": 200, "body": {"echo": "Bearer ***", "x": None, "s": "ab?"}}
+    assert clean_receipt(Secrets([secret]).scrub_json(answer)) == want
+    now = time.monotonic()
+
+    def delivered(work_id: int, receipt: Any) -> Record:
+        return Record(
+            work_id=work_id,
+            lease=1,
+            attempt=1,
+            channel="hook",
+            outcome="delivered",
+            status="delivered",
+            retry_after=None,
+            started=now - 0.5,
+            finished=now - 0.25,
+            http_status=200,
+            receipt=receipt,
+        ).cleaned(cleaner)
+
+    records = [delivered(i, answer) for i in (1, 2, 3)]
+    mutable: dict[str, Any] = {"n": 1}
+    records.append(delivered(4, mutable))
+    mutable["n"] = 2
+    records.append(delivered(5, mutable))
+    for r in records[:3]:
+        assert r.receipt == want and json.loads(r.receipt_json or "") == want
+        assert json.loads(r.json_text(now))["receipt"] == want
+    assert [json.loads(r.json_text(now))["receipt"] for r in records[3:]] == [{"n": 1}, {"n": 2}]
+    batch = "[" + ",".join(r.json_text(now) for r in records) + "]"
+    cur = await conn.execute(
+        "SELECT work_id, http_status, receipt FROM jsonb_to_recordset(%s::jsonb)"
+        " AS o(work_id bigint, http_status int, receipt jsonb)",
+        (batch,),
+    )
+    assert await cur.fetchall() == [
+        (1, 200, want),
+        (2, 200, want),
+        (3, 200, want),
+        (4, 200, {"n": 1}),
+        (5, 200, {"n": 2}),
     ]
 
 

@@ -19,6 +19,8 @@ T = TypeVar("T")
 #: for surrounding whitespace, most of its cost for a small payload (bench/README.md,
 #: "Per-delivery code"; test_hot_path.py::test_a_payload_is_decoded_as_json_loads_decodes_it).
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+#: A string as json.dumps writes it (ensure_ascii): its C encoder, without the dumps around it.
+_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 
 class _once(Generic[T]):
@@ -123,29 +125,29 @@ class Delivery(Occurrence):
         return decode_payload(self.payload_json)
 
     def document_json(self) -> str:
-        """The JSON document a webhook receives, as text; the payload is spliced in as stored."""
-        head = json.dumps(
-            {
-                "operation_id": str(self.operation_id),
-                "source": self.source,
-                "business_key": self.business_key,
-                "deadline": self.deadline.isoformat(),
-                "occurrence_seconds": self.occurrence.total_seconds(),
-                "due_at": self.due_at.isoformat(),
-                "channel": self.channel,
-                "recipient": self.recipient,
-                "attempt": self.attempt,
-            },
-            separators=(",", ":"),
-        )
-        if self.deadline_local is not None:
+        """The JSON document a webhook receives, as text; the payload is spliced in as stored.
+
+        Written with one f-string and json's C string encoder, not ``json.dumps`` of a dict, as
+        it runs once per attempt (bench/README.md, "Per-delivery code"): byte for byte what
+        ``json.dumps(..., separators=(",", ":"))`` writes (tests/test_hot_path.py::
+        test_a_webhook_document_is_what_json_dumps_makes_of_its_fields). A UUID's and an
+        ISO 8601 time's text need no escaping; integers and finite floats are their repr."""
+        series = (
+            ""
+            if self.deadline_local is None
             # An occurrence of a series: which deadline of it this is ("April's rent").
-            series = json.dumps(
-                {"deadline_local": self.deadline_local.isoformat(), "time_zone": self.time_zone},
-                separators=(",", ":"),
-            )
-            head = f"{head[:-1]},{series[1:]}"
-        return f'{head[:-1]},"payload":{self.payload_json}}}'
+            else f',"deadline_local":"{self.deadline_local.isoformat()}",'
+            f'"time_zone":{"null" if self.time_zone is None else _json_str(self.time_zone)}'
+        )
+        return (
+            f'{{"operation_id":"{self.operation_id}","source":{_json_str(self.source)},'
+            f'"business_key":{_json_str(self.business_key)},'
+            f'"deadline":"{self.deadline.isoformat()}",'
+            f'"occurrence_seconds":{self.occurrence.total_seconds()!r},'
+            f'"due_at":"{self.due_at.isoformat()}","channel":{_json_str(self.channel)},'
+            f'"recipient":{_json_str(self.recipient)},"attempt":{self.attempt!r}{series},'
+            f'"payload":{self.payload_json}}}'
+        )
 
     def document(self) -> dict[str, Any]:
         """The webhook document decoded (for logs and tests)."""
@@ -155,6 +157,14 @@ class Delivery(Occurrence):
 
 class PayloadError(Exception):
     """A stored payload that cannot be decoded (a python channel's delivery fails for good)."""
+
+
+class Receipt(dict[str, Any]):
+    """A receipt its channel never changes once returned (the webhook channel's, one per
+    distinct answer): the outcome writer cleans each such object once and reuses the result for
+    every record that carries it. A plain dict is cleaned anew each time."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)

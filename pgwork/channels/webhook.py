@@ -20,7 +20,7 @@ from pyreqwest.exceptions import ConnectError, RequestError
 from pyreqwest.response import Response
 
 from ..config import ChannelConfig
-from .types import Delivered, Delivery, Failed, Outcome, Retry, attempt_timed_out
+from .types import Delivered, Delivery, Failed, Outcome, Receipt, Retry, attempt_timed_out
 
 T = TypeVar("T")
 
@@ -72,6 +72,8 @@ class WebhookChannel:
     MAX_RETRY_AFTER = 86400.0
     #: How long an idle connection is kept for the next request, seconds.
     IDLE_CONNECTION = 60
+    #: Distinct 2xx/409 answers remembered (see _delivered); past this many, it starts afresh.
+    ANSWERS = 64
 
     def __init__(self, config: ChannelConfig) -> None:
         self.config = config
@@ -80,6 +82,7 @@ class WebhookChannel:
         self._keys = config.signing_keys
         self._client: Client | None = None
         self._attempt = timedelta(seconds=config.attempt_timeout)
+        self._answers: dict[tuple[int, bytes], Delivered] = {}
 
     def _open(self) -> Client:
         # Made on first use: a client belongs to the event loop that runs the deliveries.
@@ -141,10 +144,8 @@ class WebhookChannel:
         code, data, encoding, retry_after = got
         if encoding not in ("", "identity") and data:
             data = f"({encoding}-encoded body not decoded; {len(data)} bytes read)".encode()
-        if 200 <= code < 300:
-            return Delivered(receipt=_receipt(data, code), http_status=code)
-        if code == 409:
-            return Delivered(receipt=_receipt(data, code), duplicate=True, http_status=code)
+        if 200 <= code < 300 or code == 409:
+            return self._delivered(code, data)
         text = data[:300].decode("utf-8", "replace")
         if code in self.THROTTLING:
             delay = parse_retry_after(retry_after)
@@ -167,6 +168,21 @@ class WebhookChannel:
                 pause=f"the receiver answered 410 Gone at {self.url}",
             )
         return Failed(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
+
+    def _delivered(self, code: int, data: bytes) -> Delivered:
+        """The answer to a 2xx (delivered) or a 409 (delivered, a duplicate the receiver
+        suppressed). A receiver answers most requests alike ("{}", an "ok"): the outcome of each
+        distinct small answer is made once and shared (it is frozen, its receipt a ``Receipt``
+        nothing changes), so its receipt is parsed and cleaned once, not per delivery."""
+        key = (code, data)
+        got = self._answers.get(key)
+        if got is None:
+            got = Delivered(receipt=_receipt(data, code), duplicate=code == 409, http_status=code)
+            if len(data) <= MAX_PARSED_RECEIPT:
+                if len(self._answers) >= self.ANSWERS:
+                    self._answers.clear()
+                self._answers[key] = got
+        return got
 
     async def _exchange(
         self, headers: dict[str, str], body: bytes
@@ -289,11 +305,11 @@ def _error_class(e: RequestError) -> str:
 MAX_PARSED_RECEIPT = 2000
 
 
-def _receipt(data: bytes, code: int) -> Any:
+def _receipt(data: bytes, code: int) -> Receipt:
     """What a 2xx (or 409) answer said, for the ledger: its JSON when small, else its text. No
     body can fail the delivery: a document nested past the parser's recursion limit is kept as
     text like any other body that is not JSON (issue 25: it once made every 2xx a retry)."""
-    receipt: dict[str, Any] = {"http_status": code}
+    receipt = Receipt(http_status=code)
     if not data:
         return receipt
     if len(data) > MAX_PARSED_RECEIPT:
