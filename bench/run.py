@@ -36,6 +36,7 @@ ORDER = [
     "burndown",
     "latency",
     "webhook",
+    "webhook_wide",
     "morning",
     "morning_group",
     "webhook_group",

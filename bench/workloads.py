@@ -258,20 +258,30 @@ def _start_receiver() -> tuple[subprocess.Popen[str], str]:
     return p, f"http://127.0.0.1:{port}/hook"
 
 
+#: The webhook workloads' channel concurrency, and the wide one's.
+WEBHOOK_CONCURRENCY = 32
+WIDE_CONCURRENCY = 64
+
+
+def _webhook_channel(url: str, concurrency: int) -> ChannelConfig:
+    return ChannelConfig(
+        name="hook",
+        kind="webhook",
+        url=url,
+        concurrency=concurrency,
+        retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
+    )
+
+
 async def w_webhook(ctx: Ctx) -> dict[str, float]:
     name, dsn = ctx.fresh()
     proc, url = _start_receiver()
     try:
         n = ctx.sizes.webhook
         await seed_work(dsn, n, channel="hook")
-        hook = ChannelConfig(
-            name="hook",
-            kind="webhook",
-            url=url,
-            concurrency=32,
-            retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
-        )
+        hook = _webhook_channel(url, WEBHOOK_CONCURRENCY)
         r = await drain(dsn, daemon_config(hook), n, ctx.postmaster)
+        ctx.round_figures["webhook"] = r["jobs_per_s"]
         # The HTTP limit: the same channel object (same clients, concurrency and document), no database.
         channel = WebhookChannel(hook)
         d = Delivery(
@@ -426,16 +436,6 @@ async def _lateness(dsn: str) -> dict[str, float]:
     return {"late_p50_s": float(lat[0][0]), "late_p99_s": float(lat[0][1]), "last_s": float(lat[1])}
 
 
-def _morning_hook(url: str) -> ChannelConfig:
-    return ChannelConfig(
-        name="hook",
-        kind="webhook",
-        url=url,
-        concurrency=32,
-        retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
-    )
-
-
 async def w_morning(ctx: Ctx) -> dict[str, float]:
     """Everyone's reminder at 09:00 local time: ``morning`` reminders with the same wall-clock
     due time in one zone, written ahead (the materialiser has made their rows by then, as its
@@ -447,7 +447,7 @@ async def w_morning(ctx: Ctx) -> dict[str, float]:
     try:
         n = ctx.sizes.morning
         due_at, ahead = await _seed_morning(dsn, n)
-        cfg = daemon_config(_morning_hook(url), lookahead=60.0, tick=1.0)
+        cfg = daemon_config(_webhook_channel(url, WEBHOOK_CONCURRENCY), lookahead=60.0, tick=1.0)
         d = Daemon(cfg, dsn)
         done = d.metrics.attempts.labels("hook", "delivered")
         marks: dict[float, float] = {}
@@ -493,7 +493,7 @@ def _group(dsn: str, url: str) -> Iterator[None]:
         '[materialiser]\nlookahead = "60s"\ntick = "1s"\n'
         f"[worker]\nclaim_batch = {CLAIM_BATCH}\n[database]\npool_size = 8\n"
         '[metrics]\nenabled = false\n[retention]\nenabled = false\n[log]\nlevel = "warning"\n'
-        f'[channels.hook]\nkind = "webhook"\nurl = "{url}"\nconcurrency = 32\n'
+        f'[channels.hook]\nkind = "webhook"\nurl = "{url}"\nconcurrency = {WEBHOOK_CONCURRENCY}\n'
         'max_attempts = 3\nbackoff_base = "100ms"\nbackoff_cap = "1s"\n'
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -551,6 +551,30 @@ async def w_morning_group(ctx: Ctx) -> dict[str, float]:
             "late_p99_s": late["late_p99_s"],
             "processes": float(GROUP_PROCESSES),
             **cpu.as_dict(),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        ctx.drop(name)
+
+
+async def w_webhook_wide(ctx: Ctx) -> dict[str, float]:
+    """The webhook burn-down with the channel twice as wide (WIDE_CONCURRENCY): a delivery waits
+    on the receiver and on hand-offs between threads more than on the daemon's CPU, so the rate
+    follows the concurrency (bench/README.md, issue 26). ``ratio_to_webhook``: against the
+    ``webhook`` workload of the same round."""
+    name, dsn = ctx.fresh()
+    proc, url = _start_receiver()
+    try:
+        n = ctx.sizes.webhook
+        await seed_work(dsn, n, channel="hook")
+        hook = _webhook_channel(url, WIDE_CONCURRENCY)
+        r = await drain(dsn, daemon_config(hook), n, ctx.postmaster)
+        narrow = ctx.round_figures.get("webhook")
+        return {
+            **r,
+            "concurrency": float(WIDE_CONCURRENCY),
+            **({"ratio_to_webhook": r["jobs_per_s"] / narrow} if narrow else {}),
         }
     finally:
         proc.terminate()
