@@ -273,14 +273,23 @@ def _webhook_channel(url: str, concurrency: int) -> ChannelConfig:
     )
 
 
+async def _webhook_burndown(
+    ctx: Ctx, dsn: str, url: str, concurrency: int
+) -> tuple[ChannelConfig, dict[str, float]]:
+    """``webhook`` rows due, drained by a daemon whose webhook channel to ``url`` runs
+    ``concurrency`` deliveries at once: the channel's config and the drain's figures."""
+    n = ctx.sizes.webhook
+    await seed_work(dsn, n, channel="hook")
+    hook = _webhook_channel(url, concurrency)
+    return hook, await drain(dsn, daemon_config(hook), n, ctx.postmaster)
+
+
 async def w_webhook(ctx: Ctx) -> dict[str, float]:
     name, dsn = ctx.fresh()
     proc, url = _start_receiver()
     try:
         n = ctx.sizes.webhook
-        await seed_work(dsn, n, channel="hook")
-        hook = _webhook_channel(url, WEBHOOK_CONCURRENCY)
-        r = await drain(dsn, daemon_config(hook), n, ctx.postmaster)
+        hook, r = await _webhook_burndown(ctx, dsn, url, WEBHOOK_CONCURRENCY)
         ctx.round_figures["webhook"] = r["jobs_per_s"]
         # The HTTP limit: the same channel object (same clients, concurrency and document), no database.
         channel = WebhookChannel(hook)
@@ -566,10 +575,7 @@ async def w_webhook_wide(ctx: Ctx) -> dict[str, float]:
     name, dsn = ctx.fresh()
     proc, url = _start_receiver()
     try:
-        n = ctx.sizes.webhook
-        await seed_work(dsn, n, channel="hook")
-        hook = _webhook_channel(url, WIDE_CONCURRENCY)
-        r = await drain(dsn, daemon_config(hook), n, ctx.postmaster)
+        _, r = await _webhook_burndown(ctx, dsn, url, WIDE_CONCURRENCY)
         narrow = ctx.round_figures.get("webhook")
         return {
             **r,
