@@ -53,5 +53,6 @@ bench: $(VENV)/.dev ## every benchmark workload (bench/README.md), 3 interleaved
 bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): checks it still runs
 	$(BIN)/python -m bench.run --smoke --out $(or $(BENCH_OUT),bench/results)
 	$(BIN)/python -m bench.costs --jobs 500
+	$(BIN)/python -m bench.costs --jobs 300 --webhook
 
 .PHONY: bench bench-smoke

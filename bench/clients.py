@@ -131,13 +131,13 @@ def main() -> None:
     if a.child:
         _child(a.child[0], a.child[1], a.child[2], a.n)
         return
-    from .workloads import _start_receiver
+    from .workloads import start_receiver
 
     combos = [
         (c, loop) for c in a.clients.split(",") if _installed(c) for loop in ("asyncio", "uvloop")
     ]
     results: dict[tuple[str, str], list[dict[str, float]]] = {k: [] for k in combos}
-    receiver, url = _start_receiver()
+    receiver, url = start_receiver()
     try:
         for _ in range(a.rounds):
             for client, loop in combos:

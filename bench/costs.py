@@ -2,13 +2,15 @@
 
 Starts its own embedded server with ``pg_stat_statements`` loaded (or uses ``--dsn``, where it
 must be loaded), materialises ``--jobs`` reminders already due, then drains them with the
-burn-down's daemon (no-op Python channel, ledger and fencing on) and prints, per statement the
+burn-down's daemon (no-op Python channel, ledger and fencing on; ``--webhook``: the webhook
+burn-down's channel posting to a local receiver) and prints, per statement the
 drain ran: calls, mean execution time, and per delivered job the execution time, WAL bytes and
 records, and shared buffers touched (hit + read) and dirtied; then the totals and the CPU split
 (µs of Postgres and of the daemon's Python per job)::
 
     .venv/bin/python -m bench.costs --jobs 50000
     .venv/bin/python -m bench.costs --jobs 50000 --json   # one JSON line (for comparisons)
+    .venv/bin/python -m bench.costs --jobs 30000 --webhook
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgwork import db
+from pgwork import db, eventloop
 from pgwork.embedded import LocalServer
 
 from . import workloads as w
@@ -45,14 +47,30 @@ SELECT regexp_replace(left(query, 60), '\\s+', ' ', 'g') AS statement, calls, pl
 """
 
 
-async def measure(dsn: str, jobs: int, postmaster: int | None) -> dict[str, Any]:
+async def measure(
+    dsn: str, jobs: int, postmaster: int | None, *, webhook: bool = False
+) -> dict[str, Any]:
     async with await db.connect(dsn) as c:
         await w.migrate_with_noop(c)
         await c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-    await w.seed_work(dsn, jobs)
-    async with await db.connect(dsn) as c:
-        await c.execute("SELECT pg_stat_statements_reset()")
-    drained = await w.drain(dsn, w.daemon_config(), jobs, postmaster)
+    if not webhook:
+        await w.seed_work(dsn, jobs)
+        async with await db.connect(dsn) as c:
+            await c.execute("SELECT pg_stat_statements_reset()")
+        drained = await w.drain(dsn, w.daemon_config(), jobs, postmaster)
+    else:
+        receiver, url = w.start_receiver()
+        try:
+            await w.seed_work(dsn, jobs, channel="hook")
+            async with await db.connect(dsn) as c:
+                await c.execute("SELECT pg_stat_statements_reset()")
+            hook = w.webhook_channel(url, w.WEBHOOK_CONCURRENCY)
+            drained = await w.drain(
+                dsn, w.daemon_config(hook), jobs, postmaster, receiver=receiver.pid
+            )
+        finally:
+            receiver.terminate()
+            receiver.wait(10)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
         cur = await c.execute(STATS)
         names = [d.name for d in cur.description or ()]
@@ -62,10 +80,17 @@ async def measure(dsn: str, jobs: int, postmaster: int | None) -> dict[str, Any]
         for k in ("exec_ms", "plan_ms", "wal_bytes", "wal_records", "buffers", "dirtied")
     }
     return {
+        "channel": "webhook" if webhook else "noop",
         "jobs": jobs,
         "jobs_per_s": round(drained["jobs_per_s"], 1),
         "pg_us_per_job": round(drained["pg_cores"] / drained["jobs_per_s"] * 1e6, 1),
         "py_us_per_job": round(drained["py_cores"] / drained["jobs_per_s"] * 1e6, 1),
+        "receiver_us_per_job": round(
+            drained.get("receiver_cores", 0.0) / drained["jobs_per_s"] * 1e6, 1
+        ),
+        "sys_cores": drained["sys_cores"],
+        "cpu_pressure": drained["cpu_pressure"],
+        "loop_wait": drained["loop_wait"],
         "exec_us_per_job": round(per_job["exec_ms"] * 1000, 1),
         "plan_us_per_job": round(per_job["plan_ms"] * 1000, 2),
         "wal_bytes_per_job": round(per_job["wal_bytes"], 1),
@@ -96,9 +121,17 @@ def report(r: dict[str, Any]) -> str:
         f"{r['wal_records_per_job']} records, {r['buffers_per_job']} buffers touched, "
         f"{r['dirtied_per_job']} dirtied"
     )
+    receiver = (
+        f", {r['receiver_us_per_job']} µs of the receiver's" if r["receiver_us_per_job"] else ""
+    )
     out.append(
         f"CPU: {r['pg_us_per_job']} µs of Postgres and {r['py_us_per_job']} µs of the daemon's "
-        f"Python per job, at {r['jobs_per_s']:,} jobs/s"
+        f"Python{receiver} per job, at {r['jobs_per_s']:,} jobs/s ({r['channel']} channel)"
+    )
+    out.append(
+        f"machine: {r['sys_cores']} cores busy; some task waited for a core "
+        f"{100 * r['cpu_pressure']:.0f}% of the time, the event loop "
+        f"{100 * r['loop_wait']:.0f}%"
     )
     return "\n".join(out)
 
@@ -111,18 +144,23 @@ async def main(argv: list[str] | None = None) -> None:
         "--pgbin", type=Path, help="server binaries to use (default: the embedded ones)"
     )
     ap.add_argument("--json", action="store_true", help="print one JSON line")
+    ap.add_argument(
+        "--webhook",
+        action="store_true",
+        help="deliver through the webhook burn-down's channel to a local receiver",
+    )
     args = ap.parse_args(argv)
     from .run import postmaster_of
 
     if args.dsn:
-        r = await measure(args.dsn, args.jobs, postmaster_of(args.dsn))
+        r = await measure(args.dsn, args.jobs, postmaster_of(args.dsn), webhook=args.webhook)
     else:
         with tempfile.TemporaryDirectory(prefix="pgwork-costs-") as tmp:
             srv = LocalServer(Path(tmp) / "data", args.pgbin, settings=SETTINGS)
             srv.start()
             try:
                 dsn = srv.dsn()
-                r = await measure(dsn, args.jobs, postmaster_of(dsn))
+                r = await measure(dsn, args.jobs, postmaster_of(dsn), webhook=args.webhook)
             finally:
                 srv.stop()
     if args.json:
@@ -133,4 +171,9 @@ async def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1:])
+    anyio.run(
+        main,
+        sys.argv[1:],
+        backend="asyncio",
+        backend_options={"use_uvloop": eventloop.use_uvloop("auto")},
+    )

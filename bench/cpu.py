@@ -1,4 +1,5 @@
-"""CPU accounting from /proc: the postmaster and all its children versus this process."""
+"""CPU accounting from /proc: the postmaster and all its children versus this process, and how
+long runnable work waited for a core."""
 
 from __future__ import annotations
 
@@ -20,6 +21,25 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[11]) + int(fields[12])
 
 
+def _cpu_pressure_us() -> int:
+    """Microseconds during which at least one runnable task waited for a core (the kernel's
+    pressure stall information, /proc/pressure/cpu "some"); 0 where the kernel does not say."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(f.readline().rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _thread_run_delay_ns() -> int:
+    """Nanoseconds the calling thread has waited for a core while runnable; 0 if unknown."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _machine() -> tuple[int, int]:
     with open("/proc/stat") as f:
         vals = [int(x) for x in f.readline().split()[1:9]]
@@ -28,13 +48,20 @@ def _machine() -> tuple[int, int]:
 
 
 class CpuMeter:
-    """Average cores kept busy by Postgres, by this process, and by the whole machine.
+    """Average cores kept busy by Postgres, by this process, and by the whole machine; the share
+    of the time some runnable task waited for a core (``cpu_pressure``), and the share the thread
+    that entered the meter (the event loop) waited for one (``loop_wait``): where both are high,
+    the machine's cores, not the code's own waits, bound the run.
 
     Postgres backends come and go, so the tree is sampled every ``interval`` and the largest
     per-pid tick count seen is kept (a backend's ticks only grow)."""
 
-    def __init__(self, postmaster_pid: int | None, interval: float = 0.1) -> None:
+    def __init__(
+        self, postmaster_pid: int | None, interval: float = 0.1, *, receiver: int | None = None
+    ) -> None:
         self.pm = postmaster_pid
+        #: A webhook receiver's process (one process, no children), metered as ``receiver_cores``.
+        self.receiver = receiver
         self.interval = interval
         self._seen: dict[int, int] = {}
         self._stop = threading.Event()
@@ -60,12 +87,21 @@ class CpuMeter:
         self._pg0 = self._pg_ticks()
         self._seen_start = dict(self._seen)
         self._me0 = sum(os.times()[:2])
+        self._rx0 = self._receiver_ticks()
         self._m0 = _machine()
+        self._cp0 = _cpu_pressure_us()
+        self._lw0 = _thread_run_delay_ns()
         self._t0 = time.perf_counter()
         self._thread.start()
         return self
 
+    def _receiver_ticks(self) -> int:
+        st = _stat(self.receiver) if self.receiver is not None else None
+        return st[1] if st is not None else 0
+
     def __exit__(self, *exc: object) -> None:
+        rx = self._receiver_ticks() - self._rx0
+        pressure, loop_wait = _cpu_pressure_us() - self._cp0, _thread_run_delay_ns() - self._lw0
         self._stop.set()
         self._thread.join()
         pg1 = self._pg_ticks()
@@ -79,12 +115,18 @@ class CpuMeter:
         self.pg_cores = pg / elapsed if elapsed else 0.0
         self.py_cores = me / elapsed if elapsed else 0.0
         self.sys_cores = busy / elapsed if elapsed else 0.0
+        self.receiver_cores = rx / _CLK / elapsed if elapsed else 0.0
+        self.cpu_pressure = pressure / 1e6 / elapsed if elapsed else 0.0
+        self.loop_wait = loop_wait / 1e9 / elapsed if elapsed else 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {
             "pg_cores": round(self.pg_cores, 3),
             "py_cores": round(self.py_cores, 3),
             "sys_cores": round(self.sys_cores, 3),
+            "cpu_pressure": round(self.cpu_pressure, 3),
+            "loop_wait": round(self.loop_wait, 3),
+            **({"receiver_cores": round(self.receiver_cores, 3)} if self.receiver else {}),
         }
 
 

@@ -166,10 +166,12 @@ async def insert_due(
 
 
 async def migrate_with_noop(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The schema, and the no-op channel registered (so reminders naming it are accepted)."""
+    """The schema, and the bench's channels registered (so reminders naming them are
+    accepted): ``noop`` (python) and ``hook`` (webhook)."""
     await db.migrate(conn)
     await conn.execute(
-        "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python') ON CONFLICT DO NOTHING"
+        "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python'), ('hook', 'webhook')"
+        " ON CONFLICT DO NOTHING"
     )
 
 
@@ -194,8 +196,11 @@ async def drain(
     n: int,
     postmaster: int | None,
     during: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    *,
+    receiver: int | None = None,
 ) -> dict[str, float]:
-    """Run a daemon until ``n`` outcomes are durable; time from its first claim."""
+    """Run a daemon until ``n`` outcomes are durable; time from its first claim. ``receiver``:
+    the webhook receiver's pid, whose CPU is metered too."""
     d = Daemon(cfg, dsn)
     attempts = d.metrics.attempts
     claimed = d.metrics.claimed
@@ -214,7 +219,7 @@ async def drain(
         await tg.start(d.run)
         while first() == 0:
             await anyio.sleep(0.001)
-        with CpuMeter(postmaster) as cpu:
+        with CpuMeter(postmaster, receiver=receiver) as cpu:
             if during is not None:
                 tg.start_soon(during)
             while settled() < n:
@@ -242,7 +247,7 @@ async def w_burndown(ctx: Ctx) -> dict[str, float]:
 # -- 2. webhook burn-down ------------------------------------------------------------------
 
 
-def _start_receiver() -> tuple[subprocess.Popen[str], str]:
+def start_receiver() -> tuple[subprocess.Popen[str], str]:
     import socket
 
     with socket.socket() as s:
@@ -263,7 +268,7 @@ WEBHOOK_CONCURRENCY = 32
 WIDE_CONCURRENCY = 64
 
 
-def _webhook_channel(url: str, concurrency: int) -> ChannelConfig:
+def webhook_channel(url: str, concurrency: int) -> ChannelConfig:
     return ChannelConfig(
         name="hook",
         kind="webhook",
@@ -274,22 +279,22 @@ def _webhook_channel(url: str, concurrency: int) -> ChannelConfig:
 
 
 async def _webhook_burndown(
-    ctx: Ctx, dsn: str, url: str, concurrency: int
+    ctx: Ctx, dsn: str, receiver: subprocess.Popen[str], url: str, concurrency: int
 ) -> tuple[ChannelConfig, dict[str, float]]:
     """``webhook`` rows due, drained by a daemon whose webhook channel to ``url`` runs
     ``concurrency`` deliveries at once: the channel's config and the drain's figures."""
     n = ctx.sizes.webhook
     await seed_work(dsn, n, channel="hook")
-    hook = _webhook_channel(url, concurrency)
-    return hook, await drain(dsn, daemon_config(hook), n, ctx.postmaster)
+    hook = webhook_channel(url, concurrency)
+    return hook, await drain(dsn, daemon_config(hook), n, ctx.postmaster, receiver=receiver.pid)
 
 
 async def w_webhook(ctx: Ctx) -> dict[str, float]:
     name, dsn = ctx.fresh()
-    proc, url = _start_receiver()
+    proc, url = start_receiver()
     try:
         n = ctx.sizes.webhook
-        hook, r = await _webhook_burndown(ctx, dsn, url, WEBHOOK_CONCURRENCY)
+        hook, r = await _webhook_burndown(ctx, dsn, proc, url, WEBHOOK_CONCURRENCY)
         ctx.round_figures["webhook"] = r["jobs_per_s"]
         # The HTTP limit: the same channel object (same clients, concurrency and document), no database.
         channel = WebhookChannel(hook)
@@ -452,11 +457,11 @@ async def w_morning(ctx: Ctx) -> dict[str, float]:
     Reports seconds from the due instant until the last is delivered, and the curve: seconds
     until each fraction in MORNING_CURVE was delivered."""
     name, dsn = ctx.fresh()
-    proc, url = _start_receiver()
+    proc, url = start_receiver()
     try:
         n = ctx.sizes.morning
         due_at, ahead = await _seed_morning(dsn, n)
-        cfg = daemon_config(_webhook_channel(url, WEBHOOK_CONCURRENCY), lookahead=60.0, tick=1.0)
+        cfg = daemon_config(webhook_channel(url, WEBHOOK_CONCURRENCY), lookahead=60.0, tick=1.0)
         d = Daemon(cfg, dsn)
         done = d.metrics.attempts.labels("hook", "delivered")
         marks: dict[float, float] = {}
@@ -543,7 +548,7 @@ async def w_morning_group(ctx: Ctx) -> dict[str, float]:
     ledger: seconds from the due instant to the last delivery, lateness p50 and p99. The
     daemons' CPU is in ``sys_cores`` (the machine), not ``py_cores`` (this process)."""
     name, dsn = ctx.fresh()
-    proc, url = _start_receiver()
+    proc, url = start_receiver()
     try:
         n = ctx.sizes.morning
         due_at, ahead = await _seed_morning(dsn, n)
@@ -573,9 +578,9 @@ async def w_webhook_wide(ctx: Ctx) -> dict[str, float]:
     follows the concurrency (bench/README.md, issue 26). ``ratio_to_webhook``: against the
     ``webhook`` workload of the same round."""
     name, dsn = ctx.fresh()
-    proc, url = _start_receiver()
+    proc, url = start_receiver()
     try:
-        _, r = await _webhook_burndown(ctx, dsn, url, WIDE_CONCURRENCY)
+        _, r = await _webhook_burndown(ctx, dsn, proc, url, WIDE_CONCURRENCY)
         narrow = ctx.round_figures.get("webhook")
         return {
             **r,
@@ -593,7 +598,7 @@ async def w_webhook_group(ctx: Ctx) -> dict[str, float]:
     drained by the group; deliveries per second from the ledger (first attempt started to last
     delivered), CPU of the machine in ``sys_cores``."""
     name, dsn = ctx.fresh()
-    proc, url = _start_receiver()
+    proc, url = start_receiver()
     try:
         n = ctx.sizes.webhook
         await seed_work(dsn, n, channel="hook")
