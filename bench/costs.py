@@ -5,8 +5,9 @@ must be loaded), materialises ``--jobs`` reminders already due, then drains them
 burn-down's daemon (no-op Python channel, ledger and fencing on; ``--webhook``: the webhook
 burn-down's channel posting to a local receiver) and prints, per statement the
 drain ran: calls, mean execution time, and per delivered job the execution time, WAL bytes and
-records, and shared buffers touched (hit + read) and dirtied; then the totals and the CPU split
-(µs of Postgres and of the daemon's Python per job)::
+records, and shared buffers touched (hit + read) and dirtied; then the totals, the CPU split
+(µs of Postgres, of the daemon's Python and of the receiver per job) and how contended the
+machine's cores were::
 
     .venv/bin/python -m bench.costs --jobs 50000
     .venv/bin/python -m bench.costs --jobs 50000 --json   # one JSON line (for comparisons)
