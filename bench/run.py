@@ -77,15 +77,16 @@ TARGETS = [
 
 
 def postmaster_of(dsn: str) -> int | None:
-    """The postmaster's pid, when the server runs on this machine (a backend's parent)."""
+    """The postmaster's pid, when the server runs on this machine (a backend's parent, read
+    while the backend lives: once its connection closes it may be gone)."""
     with psycopg.connect(dsn) as c:
         row = c.execute("SELECT pg_backend_pid()").fetchone()
-    try:
-        with open(f"/proc/{row[0] if row else 0}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rfind(b")") + 2 :].split()[1])
-    except OSError:
-        return None
+        try:
+            with open(f"/proc/{row[0] if row else 0}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            return None  # another machine's server
+    return int(data[data.rfind(b")") + 2 :].split()[1])
 
 
 def server_facts(dsn: str) -> dict[str, Any]:
