@@ -23,7 +23,7 @@ CAPACITY_CASES: list[tuple[str, list[tuple[str, Any]], int, bool | None]] = [
     # max_held starts at 2 x concurrency = 8: a claim takes at most 8 before a delivery is timed.
     ("empty: room up to max_held", [], 8, None),
     ("held rows leave less room", [("taken", 2)], 6, None),
-    # Worth a claim: half of min(batch, max_held) = 4; 3 free is not worth one.
+    # Worth a claim: half of max_held (8), at most a batch = 4; 3 free is not worth one.
     ("too little room is no room", [("taken", 5)], 0, None),
     ("a page's reservation counts", [("reserve", 5)], 0, None),
     ("the reservation returned", [("reserve", 5), ("unreserve", 5)], 8, False),
@@ -50,6 +50,15 @@ CAPACITY_CASES: list[tuple[str, list[tuple[str, Any]], int, bool | None]] = [
         # counts as held but not undelivered: min(24 - 0, 24 + 20 - 0) = 24, cut to a batch.
         10,
         False,
+    ),
+    (
+        "a channel that may hold two batches ahead claims only a full batch",
+        [("delivered_fast", 1e-6), ("taken", 17)],
+        # max_held 24 as above; 17 undelivered: 7 free. Worth a claim is a full batch (10) once
+        # max_held is two batches: one statement per batch (the webhook path claimed 62 rows at
+        # a time against 100, bench/README.md); half a batch here would claim 7.
+        0,
+        None,
     ),
     # Eight deliveries of 10 ms retune max_held to 4 + min(100, 2 x 10) = 24: a batch of room.
     ("settled rows free everything", [("taken", 8), ("settled_after_delivery", 8)], 10, False),
