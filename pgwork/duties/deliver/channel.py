@@ -501,6 +501,7 @@ class ChannelWorker:
         """Called by the outcome writer once ``records`` of this channel are durable; ``fenced``
         holds the (work id, lease) of those refused because the lease had passed on."""
         log_info = log.isEnabledFor(logging.INFO)
+        log_debug = log.isEnabledFor(logging.DEBUG)
         counted: dict[str, int] = {}
         for r in records:
             key = r.key
@@ -528,8 +529,16 @@ class ChannelWorker:
                 # Start nothing more at once; the gate read then gives the queue back.
                 self.gate.hold(math.inf)
                 self.waker.wake("gate")
-            level = logging.WARNING if r.status == "dead" else logging.INFO
-            if level == logging.WARNING or log_info:
+            # A delivered attempt at debug: the ledger and the metrics have it, and a line each
+            # cost a third of a webhook delivery's CPU in the daemon (bench/README.md); what
+            # went wrong at info, a dead letter at warning.
+            if r.status == "dead":
+                level = logging.WARNING
+            elif accepted and r.status == "delivered":
+                level = logging.DEBUG
+            else:
+                level = logging.INFO
+            if level == logging.WARNING or (log_info if level == logging.INFO else log_debug):
                 log.log(
                     level,
                     "attempt %s",
