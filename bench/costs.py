@@ -54,22 +54,21 @@ async def measure(
     async with await db.connect(dsn) as c:
         await w.migrate_with_noop(c)
         await c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-    if not webhook:
-        await w.seed_work(dsn, jobs)
+    receiver, url = w.start_receiver() if webhook else (None, "")
+    try:
+        await w.seed_work(dsn, jobs, channel="hook" if webhook else "noop")
         async with await db.connect(dsn) as c:
             await c.execute("SELECT pg_stat_statements_reset()")
-        drained = await w.drain(dsn, w.daemon_config(), jobs, postmaster)
-    else:
-        receiver, url = w.start_receiver()
-        try:
-            await w.seed_work(dsn, jobs, channel="hook")
-            async with await db.connect(dsn) as c:
-                await c.execute("SELECT pg_stat_statements_reset()")
-            hook = w.webhook_channel(url, w.WEBHOOK_CONCURRENCY)
-            drained = await w.drain(
-                dsn, w.daemon_config(hook), jobs, postmaster, receiver=receiver.pid
-            )
-        finally:
+        cfg = (
+            w.daemon_config(w.webhook_channel(url, w.WEBHOOK_CONCURRENCY))
+            if webhook
+            else w.daemon_config()
+        )
+        drained = await w.drain(
+            dsn, cfg, jobs, postmaster, receiver=receiver.pid if receiver else None
+        )
+    finally:
+        if receiver is not None:
             receiver.terminate()
             receiver.wait(10)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:

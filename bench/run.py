@@ -31,6 +31,7 @@ from pgwork.embedded import LocalServer
 
 from . import noop
 from . import workloads as w
+from .cpu import _stat
 
 ORDER = [
     "burndown",
@@ -81,12 +82,8 @@ def postmaster_of(dsn: str) -> int | None:
     while the backend lives: once its connection closes it may be gone)."""
     with psycopg.connect(dsn) as c:
         row = c.execute("SELECT pg_backend_pid()").fetchone()
-        try:
-            with open(f"/proc/{row[0] if row else 0}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            return None  # another machine's server
-    return int(data[data.rfind(b")") + 2 :].split()[1])
+        st = _stat(row[0]) if row else None
+    return st[0] if st is not None else None  # None: another machine's server
 
 
 def server_facts(dsn: str) -> dict[str, Any]:

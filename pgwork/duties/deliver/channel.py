@@ -500,8 +500,7 @@ class ChannelWorker:
     def settle(self, records: list[Record], fenced: set[store.ClaimKey]) -> None:
         """Called by the outcome writer once ``records`` of this channel are durable; ``fenced``
         holds the (work id, lease) of those refused because the lease had passed on."""
-        log_info = log.isEnabledFor(logging.INFO)
-        log_debug = log.isEnabledFor(logging.DEBUG)
+        logged = log.getEffectiveLevel()
         counted: dict[str, int] = {}
         for r in records:
             key = r.key
@@ -538,7 +537,7 @@ class ChannelWorker:
                 level = logging.DEBUG
             else:
                 level = logging.INFO
-            if level == logging.WARNING or (log_info if level == logging.INFO else log_debug):
+            if level >= logged:
                 log.log(
                     level,
                     "attempt %s",
