@@ -10,7 +10,8 @@ its own. A child that dies after it was ready is started again (backoff from one
 thirty); one that dies before it was ready stops the group with its exit status (a
 configuration error would fail every restart the same way). SIGTERM and SIGINT are passed to
 every child: the first is their graceful stop, the second their immediate one, as for one
-daemon. The parent exits when every child has: 0 if each exited 0.
+daemon. Each child runs in a process group of its own, so a terminal's Ctrl-C reaches the
+parent alone and is passed on once. The parent exits when every child has: 0 if each exited 0.
 
 Several daemons share a database by design (leases, SKIP LOCKED, the materialiser's
 coordination), so nothing else changes: the group is several daemons that start and stop
@@ -207,8 +208,15 @@ class Group:
     def _start(self, c: Child) -> None:
         env = child_env(self.cfg, self.dsn, c.index, self.env)
         env["NOTIFY_SOCKET"] = c.address
+        # Each child in a process group of its own: a terminal's Ctrl-C (SIGINT to its
+        # foreground group) reaches the parent only, which forwards one stop request. Had the
+        # children had it too, the forwarded SIGTERM would have been their second request, the
+        # immediate stop, and in-flight deliveries would have been released to be sent again.
         c.proc = subprocess.Popen(
-            [sys.executable, "-m", "pgwork", *self.argv], env=env, preexec_fn=_die_with_parent
+            [sys.executable, "-m", "pgwork", *self.argv],
+            env=env,
+            preexec_fn=_die_with_parent,
+            process_group=0,
         )
         c.restart_at = None
         c.ready = False

@@ -20,7 +20,8 @@ from pgwork.config import load
 from pgwork.group import child_env, process_count
 
 from .helpers import rows, until
-from .processes import ROOT, toml
+from .processes import ROOT, hook, toml
+from .receiver import Answer, Receiver
 from .test_operations import NotifySocket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -31,9 +32,17 @@ CHANNEL = '[channels.log]\nkind = "log"\nconcurrency = 4'
 class GroupProcess:
     """``pgwork run --processes N`` in its own session (killed whole when the test ends)."""
 
-    def __init__(self, dsn: str, tmp: Path, n: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        tmp: Path,
+        n: int,
+        env: dict[str, str] | None = None,
+        channel: str = CHANNEL,
+        grace: str = "5s",
+    ) -> None:
         cfg = tmp / "group.toml"
-        cfg.write_text(toml(channel=CHANNEL))
+        cfg.write_text(toml(channel=channel, grace=grace))
         self.log = tmp / "group.log"
         self._out = self.log.open("wb")
         self.proc = subprocess.Popen(
@@ -59,6 +68,12 @@ class GroupProcess:
         return out
 
     def stop(self) -> None:
+        # The children run in process groups of their own: each is killed by its pid.
+        for pid in self.children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
@@ -69,8 +84,8 @@ class GroupProcess:
 def group(tmp_path: Path) -> Iterator[Any]:
     started: list[GroupProcess] = []
 
-    def start(dsn: str, n: int, env: dict[str, str] | None = None) -> GroupProcess:
-        g = GroupProcess(dsn, tmp_path, n, env)
+    def start(dsn: str, n: int, env: dict[str, str] | None = None, **kw: Any) -> GroupProcess:
+        g = GroupProcess(dsn, tmp_path, n, env, **kw)
         started.append(g)
         return g
 
@@ -168,6 +183,33 @@ async def test_children_stop_when_the_parent_is_killed(
 
 async def _gone(pids: set[int]) -> bool:
     return not _alive(pids)
+
+
+async def test_ctrl_c_in_a_terminal_is_one_graceful_stop_for_the_whole_group(
+    dsn: str, conn: psycopg.AsyncConnection[Any], group: Any
+) -> None:
+    """A terminal's Ctrl-C sends SIGINT to its foreground process group. The group's children
+    must not get it as well as the parent's forwarded SIGTERM (two stop requests: the immediate
+    stop, which released in-flight deliveries to be sent again): four webhooks in flight, the
+    receiver answering after 3 s, all four finish within the grace and are sent once."""
+    with Receiver(lambda r: Answer(delay=3.0)) as receiver:
+        g = group(dsn, 2, channel=hook(receiver.url, concurrency=4), grace="20s")
+        await until(lambda: _children_are(g, lambda now: len(now) == 2), what="two children")
+        await until(lambda: _has(conn, g.children()), what="both children registered as daemons")
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 'app', 'k' || g, now(), 'hook', 'r' FROM generate_series(1, 4) g"
+        )
+
+        async def in_flight() -> bool:
+            return len(receiver.requests) == 4
+
+        await until(in_flight, what="four requests in flight")
+        os.killpg(g.proc.pid, signal.SIGINT)  # what the terminal does
+        assert await anyio.to_thread.run_sync(lambda: g.proc.wait(30)) == 0
+    outcomes = await rows(conn, "SELECT outcome, count(*) AS n FROM pgwork.attempt GROUP BY 1")
+    assert {r["outcome"]: r["n"] for r in outcomes} == {"delivered": 4}
+    assert sorted(r.n for r in receiver.requests) == [1, 1, 1, 1]
 
 
 async def test_a_child_that_cannot_start_stops_the_group(
