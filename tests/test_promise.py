@@ -306,6 +306,107 @@ async def test_a_small_batch_waits_for_the_flush_under_way_and_a_large_one_does_
     assert {w["status"] for w in await work(conn)} == {"delivered"}
 
 
+async def _flush_held_by_a_lock(
+    dsn: str, conn: psycopg.AsyncConnection[Any], n: int
+) -> tuple[list[dict[str, Any]], psycopg.AsyncConnection[Any]]:
+    """``n`` claimed rows, and a connection holding the first one's row lock."""
+    for i in range(n):
+        await add(conn, f"k{i:03d}")
+    await materialise(dsn)
+    claimed = sorted(await claim(dsn, limit=n), key=lambda r: r["business_key"])
+    assert len(claimed) == n
+    blocker = await psycopg.AsyncConnection.connect(dsn)
+    await blocker.execute(
+        "SELECT 1 FROM pgwork.renewal_work WHERE id = %s FOR UPDATE", (claimed[0]["id"],)
+    )
+    return claimed, blocker
+
+
+async def _waits_on_a_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return bool(
+        await rows(
+            conn,
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()",
+        )
+    )
+
+
+async def test_outcomes_are_written_while_a_flush_waits_on_a_lock(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """One flush that waits on a lock (any session's: another app's transaction, an operator's
+    psql) must not hold back the outcomes of other work: after ``STALLED_AFTER`` a flush under
+    way no longer counts, and what arrived since is written by a flush of its own. Until then a
+    small batch still waits for it (the batching above)."""
+    few = 8
+    rows_, blocker = await _flush_held_by_a_lock(dsn, conn, 1 + few)
+    first, others = rows_[0], rows_[1:]
+    durable: list[int] = []
+    pool = db.make_pool(dsn, 4, 5.0)
+    await pool.open(wait=True)
+    try:
+        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
+        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer.run)
+                writer.submit(_rec(first, "ready"))
+                await until(lambda: _waits_on_a_lock(conn), what="the first flush to wait")
+                t0 = time.monotonic()
+                for r in others:
+                    writer.submit(_rec(r, "delivered"))
+
+                async def others_written() -> bool:
+                    return len(durable) == few
+
+                await until(others_written, timeout=10, what="the other outcomes written")
+                assert time.monotonic() - t0 < OutcomeWriter.STALLED_AFTER + 2.0
+                assert sorted(durable) == sorted(r["id"] for r in others)
+                await blocker.rollback()
+                await writer.drain()
+                tg.cancel_scope.cancel()
+    finally:
+        await blocker.close()
+        await pool.close()
+    assert sorted(durable) == sorted(r["id"] for r in rows_)
+
+
+@pytest.mark.slow
+async def test_a_flush_that_times_out_on_a_lock_is_split_so_the_others_are_written(
+    dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records written in one flush with one whose row another session holds locked: at the
+    lock timeout the batch is written in halves, so the others are durable while the lock is
+    still held; the held one is written once the lock goes."""
+    rows_, blocker = await _flush_held_by_a_lock(dsn, conn, 6)
+    durable: list[int] = []
+    monkeypatch.setitem(db.SESSION_SETTINGS, "lock_timeout", "1s")
+    pool = db.make_pool(dsn, 4, 5.0)
+    await pool.open(wait=True)
+    try:
+        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
+        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for r in rows_:  # one batch: submitted before the writer runs
+                    writer.submit(_rec(r, "delivered"))
+                tg.start_soon(writer.run)
+
+                async def others_written() -> bool:
+                    return len(durable) == len(rows_) - 1
+
+                await until(others_written, timeout=30, what="the others written")
+                assert rows_[0]["id"] not in durable
+                await blocker.rollback()
+                await writer.drain()
+                tg.cancel_scope.cancel()
+    finally:
+        await blocker.close()
+        await pool.close()
+    assert sorted(durable) == sorted(r["id"] for r in rows_)
+
+
 async def test_a_batch_the_database_refuses_is_split_so_one_record_cannot_hold_the_others(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -345,6 +345,12 @@ class OutcomeWriter:
     #: wait for the first to end and go with the next (fewer, larger statements: Postgres's CPU
     #: per webhook delivery down a tenth, bench/README.md), while a burst is written at once.
     SECOND_FLUSH_AT = 64
+    #: A flush under way for longer than this, seconds, is stalled (waiting on a lock another
+    #: session holds, or retrying after a failure): it no longer counts against ``FLUSHES`` or
+    #: holds back a small batch, so the outcomes of other work are written meanwhile.
+    STALLED_AFTER = 1.0
+    #: Flushes under way at once, stalled ones included (each holds a pooled connection).
+    MAX_FLUSHES = 4
 
     def __init__(
         self,
@@ -367,6 +373,8 @@ class OutcomeWriter:
         self._idle = anyio.Event()
         self._idle.set()
         self._writing = 0
+        #: When each flush under way started (monotonic), by the batch's id.
+        self._under_way: dict[int, float] = {}
 
     def subscribe(
         self, channel: str, settle: Callable[[list[Record], set[ClaimKey]], None]
@@ -394,11 +402,20 @@ class OutcomeWriter:
             self._idle = anyio.Event()
         self._wake.set()
 
-    def _take(self) -> _Batch | None:
+    def _flowing(self, now: float) -> int:
+        """Flushes under way that are not stalled."""
+        return sum(1 for t in self._under_way.values() if now - t < self.STALLED_AFTER)
+
+    def _take(self, now: float) -> _Batch | None:
+        """The next batch to flush now, if any may start: at most ``FLUSHES`` flowing and
+        ``MAX_FLUSHES`` in all; a small batch waits for a flowing flush to end."""
+        flowing = self._flowing(now)
+        if flowing >= self.FLUSHES or len(self._under_way) >= self.MAX_FLUSHES:
+            return None
         if self._waiting:
             return self._waiting.pop(0)
         if self._current.records and (
-            not self._writing or len(self._current.records) >= self.SECOND_FLUSH_AT
+            not flowing or len(self._current.records) >= self.SECOND_FLUSH_AT
         ):
             b, self._current = self._current, _Batch()
             return b
@@ -406,30 +423,52 @@ class OutcomeWriter:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush whatever is pending: at once when no flush is under way, else once the flush
-        under way ends or ``SECOND_FLUSH_AT`` records wait, with up to ``FLUSHES`` flushes under
-        way (batches grow while they are); a failed flush is retried until it succeeds."""
-        limiter = anyio.Semaphore(self.FLUSHES)
+        under way ends, ``SECOND_FLUSH_AT`` records wait, or it has stalled (``STALLED_AFTER``),
+        with up to ``FLUSHES`` flowing flushes (batches grow while they are); a failed flush is
+        retried until it succeeds."""
         task_status.started()
         async with anyio.create_task_group() as tg:
             while True:
-                batch = self._take()
+                now = time.monotonic()
+                batch = self._take(now)
                 if batch is None:
                     if not self.pending():
                         self._idle.set()
-                    await self._wake.wait()
+                    # Look again when the oldest flowing flush would count as stalled.
+                    flowing = [t for t in self._under_way.values() if now - t < self.STALLED_AFTER]
+                    wait = min(flowing) + self.STALLED_AFTER - now if flowing else math.inf
+                    with anyio.move_on_after(max(wait, 0.001) if self.pending() else math.inf):
+                        await self._wake.wait()
                     self._wake = anyio.Event()
                     continue
-                await limiter.acquire()
                 self._writing += len(batch.records)
-                tg.start_soon(self._flush, batch, limiter)
+                self._under_way[id(batch)] = now
+                tg.start_soon(self._flush, batch)
 
-    async def _flush(self, batch: _Batch, limiter: anyio.Semaphore) -> None:
+    async def _flush(self, batch: _Batch) -> None:
         backoff = Backoff()
+        split = False
 
         async def write() -> None:
+            nonlocal split
             self.health.begin(f"outcomes:{id(batch)}")
             try:
                 await self._write(batch)
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as e:
+                # Another session held a row or lane lock past the lock timeout: the batch goes
+                # back as two, flushed (and settled) each on its own, so the records that do not
+                # need that lock are written now and the one that does is retried alone.
+                if len(batch.records) < 2:
+                    raise
+                log.warning(
+                    "writing %d outcomes waited too long for a lock; writing them in halves: %s",
+                    len(batch.records),
+                    e,
+                    extra={"duty": "outcomes", "error_class": type(e).__name__},
+                )
+                half = len(batch.records) // 2
+                self._waiting[:0] = [_Batch(batch.records[:half]), _Batch(batch.records[half:])]
+                split = True
             finally:
                 self.health.end(f"outcomes:{id(batch)}")
 
@@ -445,11 +484,11 @@ class OutcomeWriter:
 
         try:
             await backoff.until_done(write, failed)
-            if backoff.failures:
+            if backoff.failures or split:
                 self.metrics.duty_restarts.labels("outcomes").inc()
         finally:
             self._writing -= len(batch.records)
-            limiter.release()
+            del self._under_way[id(batch)]
             self._wake.set()  # what waited for this flush to end goes now
         self.metrics.outcomes_pending.set(self.pending())
         if not self.pending():
