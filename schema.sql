@@ -1,4 +1,4 @@
--- pgwork schema, version 11. This file is always the full current schema; `pgwork migrate`
+-- pgwork schema, version 14. This file is always the full current schema; `pgwork migrate`
 -- applies it to an empty database inside one transaction under an advisory lock.
 --
 -- Two clocks, two tables:
@@ -16,7 +16,7 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
-INSERT INTO pgwork.schema_version (version) VALUES (13);
+INSERT INTO pgwork.schema_version (version) VALUES (14);
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -317,6 +317,9 @@ CREATE TABLE pgwork.retired (
     deadline_local timestamp,
     PRIMARY KEY (reminder_id, deadline, occurrence)
 );
+-- Retention prunes a series' tombstones once their deadline is two days past (no edit can make
+-- that deadline again): oldest first, a batch at a time.
+CREATE INDEX retired_series_deadline ON pgwork.retired (deadline) WHERE deadline_local IS NOT NULL;
 COMMENT ON TABLE pgwork.retired IS
     'What retention leaves of a delivered, dead or expired occurrence of a reminder that still exists: its '
     'identity and outcome. The materialiser never inserts an occurrence listed here, so deleting old '
@@ -1274,53 +1277,27 @@ CREATE TRIGGER reminder_before_update
 CREATE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
 BEGIN
+    -- An app's edit only ever closes work rows: it never makes a row ready (or changes a ready
+    -- one), so it takes no lane lock (pgwork.wake_lanes), which the daemon's pages, claims and
+    -- outcome flushes of every source would otherwise wait on until the app's transaction ends.
     IF NEW.recur_rule IS NULL THEN
         UPDATE pgwork.renewal_work
            SET status = 'superseded', finished_at = now()
          WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
            AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL);
     ELSE
-        -- A series' edit: unsent occurrences it no longer has are superseded ...
+        -- A series' edit supersedes the unsent occurrences it no longer has, and those it moves
+        -- to another instant (a new zone): the next page makes a moved one again at its new
+        -- instant, with the same key (its local deadline), as it would make a new series'
+        -- occurrence: unless its deadline is now before the edit (history), or it falls on the
+        -- instant of another of the series' rows (one send per instant).
         UPDATE pgwork.renewal_work w
            SET status = 'superseded', finished_at = now()
          WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
-           AND pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
-                                      NEW.recur_until, NEW.remind_before, NEW.recur_version,
-                                      w.deadline_local, w.occurrence, NULL) IS NOT NULL;
-        -- ... one that a new zone puts on the instant of a row sent or being sent (another
-        -- local deadline) is that send, as a page would not make it: superseded (it broke
-        -- work_occurrence_unique and the app's edit) ...
-        UPDATE pgwork.renewal_work w
-           SET status = 'superseded', finished_at = now()
-          FROM (SELECT x.id, x.occurrence, pgwork.local_to_instant(x.deadline_local, NEW.due_tz) AS deadline
-                  FROM pgwork.renewal_work x
-                 WHERE x.reminder_id = NEW.id AND x.status IS NOT DISTINCT FROM 'ready') AS n
-         WHERE w.id = n.id
-           AND EXISTS (SELECT FROM pgwork.renewal_work o
-                        WHERE o.reminder_id = NEW.id AND o.deadline = n.deadline AND o.occurrence = n.occurrence
-                          AND o.status IN ('claimed', 'delivered', 'dead'));
-        -- ... and the others follow the zone (same local deadline, same key) and the version.
-        BEGIN
-            UPDATE pgwork.renewal_work w
-               SET deadline = n.deadline, due_at = n.due_at,
-                   available_at = CASE WHEN w.attempts = 0 THEN n.due_at ELSE w.available_at END,
-                   recur_version = NEW.recur_version
-              FROM (SELECT x.id, pgwork.local_to_instant(x.deadline_local, NEW.due_tz) AS deadline,
-                           pgwork.fire_at(pgwork.local_to_instant(x.deadline_local, NEW.due_tz), x.deadline_local,
-                                          NEW.due_tz, x.occurrence) AS due_at
-                      FROM pgwork.renewal_work x
-                     WHERE x.reminder_id = NEW.id AND x.status IS NOT DISTINCT FROM 'ready') AS n
-             WHERE w.id = n.id;
-        EXCEPTION WHEN unique_violation THEN
-            -- In the new zone an unsent deadline falls on the instant another row of the series
-            -- holds (one in a DST gap shifted onto another, or one made and closed unsent before):
-            -- refused, nothing changes, nothing is lost. (Rare: a zone edit while the series has
-            -- made rows an hour apart around a DST change.)
-            RAISE EXCEPTION 'pgwork: in %, an unsent deadline of reminder % falls on the instant of another of its occurrences (a DST gap shifts one onto the other)',
-                            NEW.due_tz, NEW.id
-                USING ERRCODE = 'check_violation', COLUMN = 'due_tz',
-                      HINT = 'Change the zone once the occurrences made for the next hours are sent.';
-        END;
+           AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
+                OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
+                                          NEW.recur_until, NEW.remind_before, NEW.recur_version,
+                                          w.deadline_local, w.occurrence, NULL) IS NOT NULL);
     END IF;
     RETURN NULL;
 END
@@ -1508,15 +1485,89 @@ COMMENT ON VIEW pgwork.reminder_status IS
     'outcome it had; attempts are no longer known); it is never sent again. A recurring reminder '
     'shows its next deadline (deadline_local: as local time; paused while the series is).';
 
+-- At most how many deadlines a compiled rule has a day, averaged over its period: an upper bound
+-- from its parts (days a period may match x times of day, at most BYSETPOS's count a period),
+-- which the materialiser's page budgets a series' work by.
+CREATE FUNCTION pgwork.recur_density(rule jsonb) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (SELECT least(d.days * cardinality(pgwork.recur_list(rule, 'byhour'))
+                            * cardinality(pgwork.recur_list(rule, 'byminute')),
+                     coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bysetpos')), 0), 2147483647))::float8
+               / (d.period * (rule->>'interval')::integer)
+          FROM (SELECT CASE rule->>'freq' WHEN 'DAILY' THEN 1 WHEN 'WEEKLY' THEN 7 WHEN 'MONTHLY' THEN 28 ELSE 365 END
+                         AS period,
+                       CASE rule->>'freq'
+                            WHEN 'DAILY' THEN 1
+                            WHEN 'WEEKLY' THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bydaywd')), 0), 7)
+                            ELSE CASE WHEN rule->>'freq' = 'YEARLY'
+                                      THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonth')), 0), 12)
+                                      ELSE 1 END
+                                 * least(coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonthday')), 0), 31),
+                                         coalesce((SELECT nullif(sum(CASE WHEN n = 0 THEN 5 ELSE 1 END), 0)
+                                                     FROM unnest(pgwork.recur_list(rule, 'bydayn')) AS n), 31))
+                       END AS days) AS d);
+COMMENT ON FUNCTION pgwork.recur_density(jsonb) IS
+    'At most how many deadlines a compiled recurrence rule has a day (averaged over its period).';
+
+-- The latest send of a series that fired before planned_at: what catch_up = latest keeps of the
+-- sends that fell before the series was written or edited (the page's share of a series may end
+-- before planned_at, so the page cannot see it among its own sends). For each remind_before
+-- entry, the last deadline (not before series_from, not skipped, not past the end) whose send
+-- fired before planned_at, searched backwards from planned_at in windows that double from a day:
+-- a dense rule costs a day's deadlines, a sparse one a few windows. NULL: none.
+CREATE FUNCTION pgwork.series_latest_missed(rule jsonb, due_local timestamp, tz text, remind_before interval[],
+                                           recur_skip timestamp[], recur_until timestamp,
+                                           series_from timestamptz, planned_at timestamptz)
+RETURNS timestamptz LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
+DECLARE
+    b       interval;
+    best    timestamptz;
+    got     timestamptz;
+    hi      timestamp;
+    size    interval;
+    floor_l timestamp := (series_from AT TIME ZONE tz) - interval '1 day';
+BEGIN
+    FOREACH b IN ARRAY remind_before LOOP
+        hi := (planned_at AT TIME ZONE tz) + b + interval '1 day';
+        size := interval '1 day';
+        got := NULL;
+        WHILE got IS NULL AND hi >= floor_l LOOP
+            SELECT max(f.fire) INTO got
+              FROM (SELECT pgwork.fire_at(pgwork.local_to_instant(x.dl, tz), x.dl, tz, b) AS fire
+                      FROM pgwork.recur_between(rule, due_local, greatest(hi - size, floor_l), hi) AS x(dl)
+                     WHERE x.dl <> ALL (coalesce(recur_skip, '{}'))
+                       AND (recur_until IS NULL OR x.dl <= recur_until)
+                       AND pgwork.local_to_instant(x.dl, tz) >= series_from) AS f
+             WHERE f.fire < planned_at;
+            hi := hi - size - interval '1 microsecond';
+            size := least(size * 2, interval '4 years');
+        END LOOP;
+        best := greatest(best, got);
+    END LOOP;
+    RETURN best;
+END
+$$;
+COMMENT ON FUNCTION pgwork.series_latest_missed(jsonb, timestamp, text, interval[], timestamp[], timestamp, timestamptz, timestamptz) IS
+    'The latest send of a recurring reminder that fired before planned_at (what catch_up = latest keeps).';
+
 -- A page's recurring reminders (series), called by the page only when it has one (so the plan of
--- the one-off path stays what it was): for each, the local deadlines whose sends may fall between
--- its progress and the cutoff, their sends judged by the channel's catch_up, inserted keyed by
--- their local deadline; returns each reminder's new progress and what was made. Runs inside the
--- page's statement and transaction (the reminders are locked by it); never claims (a series'
--- occurrence due now is claimed by the next claim, one hop later).
-CREATE FUNCTION pgwork.materialise_series(ids bigint[], cutoff timestamptz)
+-- the one-off path stays what it was): for each, the sends that fall between its progress and
+-- the cutoff, judged by the channel's catch_up, inserted keyed by their local deadline; returns
+-- each reminder's new progress and what was made. Runs inside the page's statement and
+-- transaction (the reminders are locked by it); never claims (a series' occurrence due now is
+-- claimed by the next claim, one hop later).
+--
+-- Its work is bounded whatever a rule asks for. Deadlines are evaluated per remind_before entry,
+-- in a window as wide as the page's span of fire time (plus a day each side for DST, and a probe
+-- for the next deadline), never across the spread of the entries (sends a year ahead of their
+-- deadlines cost no more than sends at them). And a series makes at most its share of the page
+-- (budget sends, shared by the page's series, at least 16): when it could make more before the
+-- cutoff (a dense rule, catch_up = all over a long past), the page goes only as far in fire time
+-- as its share reaches, and leaves its progress there (unfinished): the next passes go on from
+-- it, while every other reminder is served in each pass as usual.
+CREATE FUNCTION pgwork.materialise_series(ids bigint[], cutoff timestamptz, budget integer)
 RETURNS TABLE (id bigint, next_fire_at timestamptz, made bigint, made_due bigint, skipped bigint,
-               made_ready bigint, earliest_made timestamptz)
+               made_ready bigint, earliest_made timestamptz, unfinished boolean)
 -- Every table it reads is read by key (a reminder by id, a tombstone or a work row by its
 -- reminder's key): no sequential scan, whatever the statistics say. Taken while renewal_work was
 -- empty, they made the probe for other local deadlines on the same instant a scan of the whole
@@ -1528,46 +1579,65 @@ BEGIN
     RETURN QUERY
     WITH due AS MATERIALIZED (
         SELECT r.id, r.source, r.business_key, r.due_local, r.due_tz, r.remind_before, r.channel,
-               r.next_fire_at, coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
-               r.recur_rule, r.recur_skip, r.recur_until, r.series_from, r.recur_version,
-               materialise_series.cutoff AS cutoff
+               r.next_fire_at, greatest(coalesce(r.planned_at, r.created_at), r.series_from) AS planned_at,
+               r.traceparent, r.tracestate, r.recur_rule, r.recur_skip, r.recur_until, r.series_from,
+               r.recur_version, materialise_series.cutoff AS cutoff, ch.catch_up,
+               least(coalesce((r.recur_rule->>'until')::timestamp, 'infinity'),
+                     coalesce(r.recur_until, 'infinity')) AS last_local,
+               -- The rule's deadlines a day, at most; its times of day; its period.
+               pgwork.recur_density(r.recur_rule) AS density,
+               cardinality(pgwork.recur_list(r.recur_rule, 'byhour'))
+                 * cardinality(pgwork.recur_list(r.recur_rule, 'byminute')) AS times,
+               (r.recur_rule->>'interval')::integer
+                 * CASE r.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
+                                              WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS span
           FROM pgwork.reminder r
+          LEFT JOIN pgwork.channel ch ON ch.name = r.channel
          WHERE r.id = ANY (materialise_series.ids) AND r.recur_rule IS NOT NULL
-    ), windows AS MATERIALIZED (
-        -- A recurring reminder (a series): the local deadlines whose sends may fall between its
-        -- progress and the cutoff, from its progress plus its shortest remind_before entry (never
-        -- before the series' start) to the cutoff plus its longest and a span in which the rule
-        -- has its next deadline if it has one every period; a day more each side for DST.
-        SELECT d.id, d.recur_rule, d.due_local, d.due_tz, b.longest, d.recur_skip, d.series_from, d.remind_before,
-               greatest((d.next_fire_at AT TIME ZONE d.due_tz) + b.shortest,
-                        d.series_from AT TIME ZONE d.due_tz) - interval '1 day' AS lo,
-               (d.cutoff AT TIME ZONE d.due_tz) + b.longest
-                 + (d.recur_rule->>'interval')::integer
-                   * CASE d.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
-                                                WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS hi,
-               least(coalesce((d.recur_rule->>'until')::timestamp, 'infinity'),
-                     coalesce(d.recur_until, 'infinity')) AS last_local
+    ), reach AS MATERIALIZED (
+        -- How far in fire time this page goes for a series (upto): to the cutoff, or as far as
+        -- its share of sends reaches at the rule's density, when that is short of the cutoff.
+        -- The probe past the cutoff looks for the next deadline: a period of the rule (which has
+        -- one then if it has one every period), two days for a rule with many times a day.
+        SELECT d.*, s.step, d.next_fire_at + s.step < d.cutoff AS unfinished,
+               least(d.cutoff, d.next_fire_at + s.step) AS upto,
+               least(d.span, greatest(interval '2 days', make_interval(days => 1440 / d.times))) AS probe,
+               CASE WHEN d.catch_up = 'latest' AND d.next_fire_at < d.planned_at
+                    THEN pgwork.series_latest_missed(d.recur_rule, d.due_local, d.due_tz, d.remind_before,
+                                                     d.recur_skip, d.recur_until, d.series_from, d.planned_at)
+               END AS latest_missed
           FROM due d
-         CROSS JOIN LATERAL (SELECT min(x) AS shortest, max(x) AS longest FROM unnest(d.remind_before) AS x) AS b
-         WHERE d.recur_rule IS NOT NULL
+         CROSS JOIN LATERAL (
+               SELECT make_interval(secs => 86400.0 * greatest(16, materialise_series.budget / cardinality(materialise_series.ids))
+                                           / (cardinality(d.remind_before) * d.density)) AS step) AS s
+    ), windows AS MATERIALIZED (
+        -- Per series and remind_before entry: the local deadlines whose send of that entry may
+        -- fall between the series' progress (never before its start) and upto, a day more each
+        -- side for DST, and the probe when the page goes to the cutoff.
+        SELECT r.id, r.recur_rule, r.due_local, r.due_tz, b.before, r.recur_skip, r.series_from, r.last_local,
+               greatest((r.next_fire_at AT TIME ZONE r.due_tz) + b.before,
+                        r.series_from AT TIME ZONE r.due_tz) - interval '1 day' AS lo,
+               (r.upto AT TIME ZONE r.due_tz) + b.before
+                 + CASE WHEN r.unfinished THEN interval '1 day' ELSE r.probe END AS hi
+          FROM reach r
+         CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
     ), keyed AS MATERIALIZED (
         -- What a window's deadlines depend on. With INTERVAL=1 and a window after the first
         -- deadline, the first deadline does not matter (every period is kept; the rule's parts
         -- were completed from it when it was compiled): the key says so with -infinity, and such
-        -- series of one rule, one zone and one window share one evaluation below.
-        SELECT w.id, w.recur_rule, w.due_tz, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip, w.series_from,
-               w.remind_before,
+        -- series of one rule, one zone, one entry and one window share one evaluation below.
+        SELECT w.id, w.recur_rule, w.due_tz, w.before, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip,
+               w.series_from,
                CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
                     THEN '-infinity' ELSE w.due_local END AS anchor
           FROM windows w
     ), evaluated AS MATERIALIZED (
-        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant), with
-        -- the instants of their sends (in remind_before's order): on rent day, a million series
-        -- of "the 1st at 09:00 Berlin" cost one evaluation per page.
-        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.remind_before, x.dl, x.deadline_at,
-               ARRAY(SELECT pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, b.before)
-                       FROM unnest(e.remind_before) WITH ORDINALITY AS b(before, i) ORDER BY b.i) AS fire_ats
-          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.remind_before FROM keyed k) AS e
+        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant), with the
+        -- instant of its entry's send: on rent day, a million series of "the 1st at 09:00
+        -- Berlin" cost one evaluation per entry and page.
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.before, x.dl, x.deadline_at,
+               pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, e.before) AS fire_at
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.before FROM keyed k) AS e
          CROSS JOIN LATERAL (
                SELECT r.dl, pgwork.local_to_instant(r.dl, e.due_tz) AS deadline_at
                  FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
@@ -1577,37 +1647,29 @@ BEGIN
         -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
         -- of the series) are one: the one not shifted. (No join with due here: estimated at a
         -- few rows, it was made a nested loop, a page's series times its deadlines.)
-        SELECT DISTINCT ON (k.id, e.deadline_at) k.id, e.dl, e.deadline_at, e.fire_ats
+        SELECT DISTINCT ON (k.id, k.before, e.deadline_at) k.id, k.before, e.dl, e.deadline_at, e.fire_at
           FROM keyed k
           JOIN evaluated e
-            ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi AND e.anchor = k.anchor
-           AND e.remind_before = k.remind_before
+            ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi
+           AND e.anchor = k.anchor AND e.before = k.before
          WHERE e.dl <> ALL (coalesce(k.recur_skip, '{}')) AND e.deadline_at >= k.series_from
-         ORDER BY k.id, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
-    ), fires AS MATERIALIZED (
+         ORDER BY k.id, k.before, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
+    ), occ AS MATERIALIZED (
         -- Each deadline x remind_before entry; the channel's catch_up judges the sends that fired
         -- before the series was written or last edited (never a deadline before it: history).
-        SELECT d.id, d.source, d.business_key, k.deadline_at AS due_at, d.channel, b.before,
-               d.next_fire_at AS progress,
-               b.fire_at,
-               greatest(d.planned_at, d.series_from) AS planned_at, d.cutoff, d.traceparent, d.tracestate,
-               k.dl, d.recur_version
+        SELECT r.id, r.source, r.business_key, k.deadline_at AS due_at, r.channel, k.before,
+               r.next_fire_at AS progress, k.fire_at, r.planned_at, r.cutoff, r.upto, r.unfinished,
+               r.traceparent, r.tracestate, k.dl, r.recur_version, r.catch_up,
+               pgwork.skipped_by_catch_up(r.catch_up, k.fire_at, r.planned_at,
+                                          CASE WHEN r.catch_up = 'latest' THEN r.latest_missed END) AS skip
           FROM deadlines k
-          JOIN due d ON d.id = k.id
-         CROSS JOIN LATERAL unnest(d.remind_before, k.fire_ats) AS b(before, fire_at)
-    ), occ AS MATERIALIZED (
-        SELECT f.*,
-               pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,
-                                          max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
-                                              OVER (PARTITION BY f.id)) AS skip,
-               ch.catch_up
-          FROM fires f
-          LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+          JOIN reach r ON r.id = k.id
     ), made AS (
         -- A series' occurrences, identified by their local deadline (work_series_occurrence_unique),
         -- so a zone edit or a time zone data update never makes a second one. A tombstone of the
         -- same local deadline stops it, and so does a row of another local deadline on the same
-        -- instant (the same send, made before an edit).
+        -- instant (the same send, made before an edit). An occurrence an edit superseded is made
+        -- again (its instant may have moved); one waiting for a retry keeps its retry time.
         INSERT INTO pgwork.renewal_work AS w
                (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
                 available_at, status, finished_at, last_error, traceparent, tracestate,
@@ -1622,8 +1684,8 @@ BEGIN
                o.traceparent, o.tracestate,
                o.dl, o.recur_version
           FROM occ o
-         WHERE o.fire_at <= o.cutoff
-           AND o.fire_at >= o.progress
+         WHERE o.fire_at >= o.progress
+           AND CASE WHEN o.unfinished THEN o.fire_at < o.upto ELSE o.fire_at <= o.cutoff END
            AND (SELECT true FROM pgwork.retired t
                  WHERE t.reminder_id = o.id AND t.deadline_local = o.dl AND t.occurrence = o.before
                  LIMIT 1) IS NULL
@@ -1632,37 +1694,46 @@ BEGIN
                    AND x.deadline_local IS DISTINCT FROM o.dl
                  LIMIT 1) IS NULL
             ON CONFLICT (reminder_id, deadline_local, occurrence) WHERE deadline_local IS NOT NULL DO UPDATE
-           SET status = excluded.status, available_at = excluded.available_at,
+           SET status = excluded.status,
+               available_at = CASE WHEN w.attempts > 0 AND excluded.status = 'ready'
+                                   THEN greatest(w.available_at, excluded.available_at)
+                                   ELSE excluded.available_at END,
                finished_at = excluded.finished_at, last_error = excluded.last_error,
                traceparent = excluded.traceparent, tracestate = excluded.tracestate,
                deadline = excluded.deadline, due_at = excluded.due_at, recur_version = excluded.recur_version
          WHERE w.status = 'superseded'
         RETURNING w.reminder_id, w.status, w.due_at
     ), nxt AS (
-        -- Its first send past the cutoff in the window, but never later than the earliest send
-        -- of a deadline past the window (not looked at yet), less a day for DST; with nothing in
-        -- the window, that bound is a probe. 'infinity' once the window reached the series' end.
-        SELECT w.id,
-               CASE WHEN w.hi >= w.last_local THEN coalesce(f.next_at, 'infinity')
-                    ELSE least(f.next_at, pgwork.local_to_instant(w.hi - w.longest, w.due_tz) - interval '1 day') END
-                 AS next_fire_at
-          FROM windows w
+        -- Unfinished: its progress is how far the page went. Else its first send past the
+        -- cutoff in the windows, but never later than the earliest send of a deadline past a
+        -- window (not looked at yet), less a day for DST; with nothing in the windows, that
+        -- bound is a probe. 'infinity' once every window reached the series' end.
+        SELECT r.id, r.unfinished,
+               CASE WHEN r.unfinished THEN r.upto
+                    WHEN b.ended THEN coalesce(f.next_at, 'infinity')
+                    ELSE least(f.next_at, b.bound) END AS next_fire_at
+          FROM reach r
+          JOIN (SELECT w.id, bool_and(w.hi >= w.last_local) AS ended,
+                       min(pgwork.local_to_instant(w.hi - w.before, w.due_tz)) - interval '1 day' AS bound
+                  FROM windows w
+                 GROUP BY w.id) AS b ON b.id = r.id
           LEFT JOIN (SELECT o.id, min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff) AS next_at
                        FROM occ o
-                      GROUP BY o.id) AS f ON f.id = w.id
+                      GROUP BY o.id) AS f ON f.id = r.id
     )
     SELECT n.id, n.next_fire_at,
            count(m.reminder_id),
            count(m.reminder_id) FILTER (WHERE m.due_at <= now() AND m.status = 'ready'),
            count(m.reminder_id) FILTER (WHERE m.status = 'expired'),
            count(m.reminder_id) FILTER (WHERE m.status = 'ready'),
-           min(m.due_at)
+           min(m.due_at),
+           n.unfinished
       FROM nxt n
       LEFT JOIN made m ON m.reminder_id = n.id
-     GROUP BY n.id, n.next_fire_at;
+     GROUP BY n.id, n.next_fire_at, n.unfinished;
 END
 $$;
-COMMENT ON FUNCTION pgwork.materialise_series(bigint[], timestamptz) IS
+COMMENT ON FUNCTION pgwork.materialise_series(bigint[], timestamptz, integer) IS
     'The materialiser''s page for its recurring reminders (called by materialise_page only).';
 REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;
 
@@ -1701,6 +1772,8 @@ REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;
 --    attempts 1). Only for a channel whose gate is open and that has nothing to count (no rate
 --    limit, global concurrency or throttle limit: their claims go through claim_work) and for
 --    an occurrence not past its expire_after; the others are inserted ready.
+--    A series makes at most its share of the page (pgwork.materialise_series): unfinished
+--    counts those whose progress the page left short of the cutoff, for the next pass.
 --    It returns the page's figures on every row, with the rows it inserted claimed, one per
 --    row, as claim_work returns them (a page that claimed none returns one row whose claimed
 --    columns are NULL).
@@ -1718,7 +1791,7 @@ CREATE FUNCTION pgwork.materialise_page(
 RETURNS TABLE (
     cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
     notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
-    id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
+    unfinished bigint, id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
     occurrence interval, due_at timestamptz, channel text, operation_id uuid, status text,
     attempts integer, attempts_base integer, lease integer, retry_since timestamptz,
     prev_status text, recipient text, payload text, traceparent text, tracestate text,
@@ -1773,7 +1846,8 @@ BEGIN
         -- has one (the one-off path's plan stays as small as it was).
         SELECT s.*
           FROM (SELECT array_agg(d.id) AS ids FROM due d WHERE d.series_from IS NOT NULL) AS a
-         CROSS JOIN LATERAL pgwork.materialise_series(a.ids, (SELECT p.cutoff FROM params p)) AS s
+         CROSS JOIN LATERAL pgwork.materialise_series(a.ids, (SELECT p.cutoff FROM params p),
+                                                      materialise_page.page_limit) AS s
          WHERE a.ids IS NOT NULL
     ), occ AS MATERIALIZED (
         -- The channel's catch_up policy for occurrences that fired before the schedule was
@@ -1867,7 +1941,8 @@ BEGIN
                                        WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')
                                           OR EXISTS (SELECT 1 FROM series s WHERE s.made_ready > 0)) AS n) AS notified,
                least((SELECT min(m.due_at) FROM made m), (SELECT min(s.earliest_made) FROM series s)) AS earliest_made,
-               l.next_fire_at AS last_at, l.id AS last_id
+               l.next_fire_at AS last_at, l.id AS last_id,
+               (SELECT count(*) FROM series s WHERE s.unfinished) AS unfinished
           FROM (SELECT 1) AS one
           LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
     ), claimed AS (
@@ -1881,7 +1956,7 @@ BEGIN
          WHERE m.status = 'claimed'
     )
     SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
-           f.last_at, f.last_id,
+           f.last_at, f.last_id, f.unfinished,
            c.id, c.reminder_id, c.source, c.business_key, c.deadline, c.occurrence, c.due_at,
            c.channel, c.operation_id, c.status, c.attempts, c.attempts_base, c.lease, c.retry_since,
            c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate, c.deadline_local, c.time_zone
@@ -1979,7 +2054,8 @@ BEGIN
         GRANT SELECT, UPDATE ON pgwork.config, pgwork.retention_state, pgwork.materialiser_state
            TO pgwork_cleanup;
         GRANT SELECT, DELETE ON pgwork.renewal_work, pgwork.attempt TO pgwork_cleanup;
-        GRANT SELECT, INSERT ON pgwork.retired TO pgwork_cleanup;
+        -- retired: tombstones are written, and a series' pruned once they guard nothing.
+        GRANT SELECT, INSERT, DELETE ON pgwork.retired TO pgwork_cleanup;
     END IF;
 END
 $$;

@@ -178,6 +178,8 @@ class Page:
     earliest_made: datetime | None
     last_at: datetime | None
     last_id: int | None
+    #: Series whose share of the page ended short of the cutoff: the next pass goes on.
+    unfinished: int
 
 
 _PAGE_COLUMNS = tuple(f.name for f in fields(Page))
@@ -844,6 +846,8 @@ class Batch:
     deleted: int
     ledger_deleted: int
     retired: int
+    #: Series tombstones deleted: their deadline is two days past (no edit can bring it back).
+    pruned: int
     last_at: datetime | None
     last_id: int | None
 

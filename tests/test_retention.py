@@ -221,7 +221,7 @@ async def test_retention_runs_under_a_role_with_only_the_documented_grants(
         for sql in (
             "GRANT USAGE ON SCHEMA pgwork TO cleanup_probe",
             "GRANT SELECT, DELETE ON pgwork.renewal_work, pgwork.attempt TO cleanup_probe",
-            "GRANT INSERT ON pgwork.retired TO cleanup_probe",
+            "GRANT SELECT, INSERT, DELETE ON pgwork.retired TO cleanup_probe",
             "GRANT SELECT ON pgwork.reminder, pgwork.config TO cleanup_probe",
             "GRANT SELECT, UPDATE ON pgwork.materialiser_state, pgwork.retention_state "
             "TO cleanup_probe",

@@ -145,12 +145,19 @@ class PassResult:
     next_id: int | None = None
     #: Occurrences closed as expired by their channel's catch_up policy (counted in ``made``).
     caught_up: int = 0
+    #: Series that made their share of a page and have more to make before the cutoff.
+    unfinished: int = 0
 
     @property
     def left_locked(self) -> bool:
         """Some reminder due in this pass was locked by an app and left for the next pass (not
-        ``Page.skipped``: occurrences a catch_up policy closed, counted in ``caught_up``)."""
-        return self.next_after_cutoff is not None and self.next_after_cutoff <= 0
+        ``Page.skipped``: occurrences a catch_up policy closed, counted in ``caught_up``; nor a
+        series left unfinished, whose progress is short of the cutoff too)."""
+        return (
+            not self.unfinished
+            and self.next_after_cutoff is not None
+            and self.next_after_cutoff <= 0
+        )
 
 
 async def run_once(
@@ -184,7 +191,7 @@ async def run_once(
     t0 = time.monotonic()
     after_at: datetime | None = None
     after_id = 0
-    scanned = made = made_due = caught_up = pages = 0
+    scanned = made = made_due = caught_up = pages = unfinished = 0
     longest = 0.0
     while True:
         p0 = time.monotonic()
@@ -225,6 +232,7 @@ async def run_once(
         made += page.made
         made_due += page.made_due
         caught_up += page.skipped
+        unfinished += page.unfinished
         if page.scanned < page_size:
             break
         after_at, after_id = page.last_at, page.last_id or 0
@@ -233,12 +241,14 @@ async def run_once(
     nxt = await store.next_fire_at(conn, cutoff=cutoff)
     complete_to = cutoff
     if nxt.at is not None and nxt.after_cutoff_s is not None and nxt.after_cutoff_s <= 0:
-        # A reminder was skipped (an app holds its row lock): the evidence stops short of it.
+        # A reminder was skipped (an app holds its row lock), or a series made its share and
+        # has more: the evidence stops short of it.
         complete_to = nxt.at - timedelta(microseconds=1)
-        log.info(
-            "skipped reminders locked by another transaction; the next pass takes them",
-            extra={"reminder_id": nxt.id, "fires_at": nxt.at.isoformat()},
-        )
+        if not unfinished:
+            log.info(
+                "skipped reminders locked by another transaction; the next pass takes them",
+                extra={"reminder_id": nxt.id, "fires_at": nxt.at.isoformat()},
+            )
     await store.materialise_record_pass(
         conn, cutoff=complete_to, made=made, duration_ms=duration * 1000
     )
@@ -266,6 +276,7 @@ async def run_once(
         nxt.after_cutoff_s,
         nxt.id,
         caught_up,
+        unfinished,
     )
 
 
@@ -324,6 +335,10 @@ class Materialiser:
         m.catch_up_skipped.inc(res.caught_up)
         m.materialiser_cutoff.set(res.cutoff.timestamp())
         m.materialiser_pass.observe(res.duration)
+        if res.unfinished:
+            # A series made its share of a page and has more before the cutoff: go on at once
+            # (each pass serves every other due reminder too).
+            return Next(0, "unfinished")
         if res.next_after_cutoff is None:
             return Next(self.tick, "tick")
         if res.left_locked:

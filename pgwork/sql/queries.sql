@@ -726,7 +726,8 @@ UPDATE pgwork.config SET retention_paused = %(paused)s
 -- scan and the delete is left alone. A delivered, dead or expired occurrence of a reminder that still
 -- exists leaves a tombstone (pgwork.retired) that the materialiser honours; the batch holds the
 -- materialiser's coordination lock (see materialise_lock) exclusively, so no page can run on a
--- snapshot that misses the tombstone.
+-- snapshot that misses the tombstone. Series tombstones that can no longer matter are pruned
+-- in the same batch.
 WITH lock AS MATERIALIZED (
     SELECT true AS got FROM pgwork.materialiser_state FOR UPDATE
 ), victims AS MATERIALIZED (
@@ -761,11 +762,22 @@ WITH lock AS MATERIALIZED (
     RETURNING 1
 ), ledger AS (
     DELETE FROM pgwork.attempt a USING gone g WHERE a.work_id = g.id RETURNING 1
+), pruned AS (
+    -- A series' tombstone whose deadline passed two days ago guards nothing (the rule above):
+    -- deleted, a batch's worth at a time, oldest first (retired_series_deadline).
+    DELETE FROM pgwork.retired t
+     WHERE t.ctid = ANY (ARRAY(SELECT o.ctid FROM pgwork.retired o
+                                WHERE (SELECT got FROM lock)
+                                  AND o.deadline_local IS NOT NULL AND o.deadline < now() - interval '2 days'
+                                ORDER BY o.deadline
+                                LIMIT %(limit)s))
+    RETURNING 1
 )
 SELECT (SELECT count(*) FROM victims) AS scanned,
        (SELECT count(*) FROM gone) AS deleted,
        (SELECT count(*) FROM ledger) AS ledger_deleted,
        (SELECT count(*) FROM tombstones) AS retired,
+       (SELECT count(*) FROM pruned) AS pruned,
        l.finished_at AS last_at, l.id AS last_id
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (SELECT finished_at, id FROM victims ORDER BY finished_at DESC, id DESC LIMIT 1) l ON true

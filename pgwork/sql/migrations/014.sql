@@ -1,0 +1,502 @@
+-- pgwork schema 13 -> 14. Applied by `pgwork migrate` in one transaction under its advisory lock;
+-- the result equals a fresh install of schema.sql (tests/test_schema.py checks that).
+--
+-- What it changes (issue 37: one app cannot stop another's deliveries):
+--   * pgwork.reminder_after_reschedule: an app's edit of a series only closes work rows (those
+--     the series no longer has, and those a new zone moves, which the next page makes again at
+--     their new instant with the same key): it never keeps a row ready, so it takes no lane
+--     lock that the daemon's pages, claims and outcome flushes would wait on until the app
+--     commits. A zone edit is no longer refused when it shifts one unsent deadline onto
+--     another (the page makes one send per instant).
+--   * pgwork.materialise_series (new signature: a budget) evaluates deadlines per remind_before
+--     entry, in windows as wide as the page's span of fire time, and makes at most its share of
+--     the page's sends; a series with more to make before the cutoff is left unfinished for the
+--     next pass. pgwork.series_latest_missed (new) finds what catch_up = latest keeps.
+--   * pgwork.materialise_page returns unfinished (series left short of the cutoff).
+--   * pgwork.retired gets retired_series_deadline: retention prunes a series' tombstones once
+--     their deadline is two days past (they were kept as long as the reminder lived).
+-- Upgrade as always: stop the daemons, `pgwork migrate`, start the new version.
+
+CREATE INDEX retired_series_deadline ON pgwork.retired (deadline) WHERE deadline_local IS NOT NULL;
+
+DROP FUNCTION pgwork.materialise_page(boolean, timestamptz, interval, timestamptz, bigint, integer, text, jsonb, interval, text);
+DROP FUNCTION pgwork.materialise_series(bigint[], timestamptz);
+
+CREATE OR REPLACE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
+BEGIN
+    -- An app's edit only ever closes work rows: it never makes a row ready (or changes a ready
+    -- one), so it takes no lane lock (pgwork.wake_lanes), which the daemon's pages, claims and
+    -- outcome flushes of every source would otherwise wait on until the app's transaction ends.
+    IF NEW.recur_rule IS NULL THEN
+        UPDATE pgwork.renewal_work
+           SET status = 'superseded', finished_at = now()
+         WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
+           AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL);
+    ELSE
+        -- A series' edit supersedes the unsent occurrences it no longer has, and those it moves
+        -- to another instant (a new zone): the next page makes a moved one again at its new
+        -- instant, with the same key (its local deadline), as it would make a new series'
+        -- occurrence: unless its deadline is now before the edit (history), or it falls on the
+        -- instant of another of the series' rows (one send per instant).
+        UPDATE pgwork.renewal_work w
+           SET status = 'superseded', finished_at = now()
+         WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+           AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
+                OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
+                                          NEW.recur_until, NEW.remind_before, NEW.recur_version,
+                                          w.deadline_local, w.occurrence, NULL) IS NOT NULL);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- At most how many deadlines a compiled rule has a day, averaged over its period: an upper bound
+-- from its parts (days a period may match x times of day, at most BYSETPOS's count a period),
+-- which the materialiser's page budgets a series' work by.
+CREATE FUNCTION pgwork.recur_density(rule jsonb) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (SELECT least(d.days * cardinality(pgwork.recur_list(rule, 'byhour'))
+                            * cardinality(pgwork.recur_list(rule, 'byminute')),
+                     coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bysetpos')), 0), 2147483647))::float8
+               / (d.period * (rule->>'interval')::integer)
+          FROM (SELECT CASE rule->>'freq' WHEN 'DAILY' THEN 1 WHEN 'WEEKLY' THEN 7 WHEN 'MONTHLY' THEN 28 ELSE 365 END
+                         AS period,
+                       CASE rule->>'freq'
+                            WHEN 'DAILY' THEN 1
+                            WHEN 'WEEKLY' THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bydaywd')), 0), 7)
+                            ELSE CASE WHEN rule->>'freq' = 'YEARLY'
+                                      THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonth')), 0), 12)
+                                      ELSE 1 END
+                                 * least(coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonthday')), 0), 31),
+                                         coalesce((SELECT nullif(sum(CASE WHEN n = 0 THEN 5 ELSE 1 END), 0)
+                                                     FROM unnest(pgwork.recur_list(rule, 'bydayn')) AS n), 31))
+                       END AS days) AS d);
+COMMENT ON FUNCTION pgwork.recur_density(jsonb) IS
+    'At most how many deadlines a compiled recurrence rule has a day (averaged over its period).';
+
+-- The latest send of a series that fired before planned_at: what catch_up = latest keeps of the
+-- sends that fell before the series was written or edited (the page's share of a series may end
+-- before planned_at, so the page cannot see it among its own sends). For each remind_before
+-- entry, the last deadline (not before series_from, not skipped, not past the end) whose send
+-- fired before planned_at, searched backwards from planned_at in windows that double from a day:
+-- a dense rule costs a day's deadlines, a sparse one a few windows. NULL: none.
+CREATE FUNCTION pgwork.series_latest_missed(rule jsonb, due_local timestamp, tz text, remind_before interval[],
+                                           recur_skip timestamp[], recur_until timestamp,
+                                           series_from timestamptz, planned_at timestamptz)
+RETURNS timestamptz LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
+DECLARE
+    b       interval;
+    best    timestamptz;
+    got     timestamptz;
+    hi      timestamp;
+    size    interval;
+    floor_l timestamp := (series_from AT TIME ZONE tz) - interval '1 day';
+BEGIN
+    FOREACH b IN ARRAY remind_before LOOP
+        hi := (planned_at AT TIME ZONE tz) + b + interval '1 day';
+        size := interval '1 day';
+        got := NULL;
+        WHILE got IS NULL AND hi >= floor_l LOOP
+            SELECT max(f.fire) INTO got
+              FROM (SELECT pgwork.fire_at(pgwork.local_to_instant(x.dl, tz), x.dl, tz, b) AS fire
+                      FROM pgwork.recur_between(rule, due_local, greatest(hi - size, floor_l), hi) AS x(dl)
+                     WHERE x.dl <> ALL (coalesce(recur_skip, '{}'))
+                       AND (recur_until IS NULL OR x.dl <= recur_until)
+                       AND pgwork.local_to_instant(x.dl, tz) >= series_from) AS f
+             WHERE f.fire < planned_at;
+            hi := hi - size - interval '1 microsecond';
+            size := least(size * 2, interval '4 years');
+        END LOOP;
+        best := greatest(best, got);
+    END LOOP;
+    RETURN best;
+END
+$$;
+COMMENT ON FUNCTION pgwork.series_latest_missed(jsonb, timestamp, text, interval[], timestamp[], timestamp, timestamptz, timestamptz) IS
+    'The latest send of a recurring reminder that fired before planned_at (what catch_up = latest keeps).';
+
+-- A page's recurring reminders (series), called by the page only when it has one (so the plan of
+-- the one-off path stays what it was): for each, the sends that fall between its progress and
+-- the cutoff, judged by the channel's catch_up, inserted keyed by their local deadline; returns
+-- each reminder's new progress and what was made. Runs inside the page's statement and
+-- transaction (the reminders are locked by it); never claims (a series' occurrence due now is
+-- claimed by the next claim, one hop later).
+--
+-- Its work is bounded whatever a rule asks for. Deadlines are evaluated per remind_before entry,
+-- in a window as wide as the page's span of fire time (plus a day each side for DST, and a probe
+-- for the next deadline), never across the spread of the entries (sends a year ahead of their
+-- deadlines cost no more than sends at them). And a series makes at most its share of the page
+-- (budget sends, shared by the page's series, at least 16): when it could make more before the
+-- cutoff (a dense rule, catch_up = all over a long past), the page goes only as far in fire time
+-- as its share reaches, and leaves its progress there (unfinished): the next passes go on from
+-- it, while every other reminder is served in each pass as usual.
+CREATE FUNCTION pgwork.materialise_series(ids bigint[], cutoff timestamptz, budget integer)
+RETURNS TABLE (id bigint, next_fire_at timestamptz, made bigint, made_due bigint, skipped bigint,
+               made_ready bigint, earliest_made timestamptz, unfinished boolean)
+-- Every table it reads is read by key (a reminder by id, a tombstone or a work row by its
+-- reminder's key): no sequential scan, whatever the statistics say. Taken while renewal_work was
+-- empty, they made the probe for other local deadlines on the same instant a scan of the whole
+-- table, once per occurrence made (tests/test_series.py::
+-- test_a_series_page_probes_by_key_whatever_the_statistics_say).
+LANGUAGE plpgsql VOLATILE SET jit = off SET enable_seqscan = off SET enable_nestloop = off AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH due AS MATERIALIZED (
+        SELECT r.id, r.source, r.business_key, r.due_local, r.due_tz, r.remind_before, r.channel,
+               r.next_fire_at, greatest(coalesce(r.planned_at, r.created_at), r.series_from) AS planned_at,
+               r.traceparent, r.tracestate, r.recur_rule, r.recur_skip, r.recur_until, r.series_from,
+               r.recur_version, materialise_series.cutoff AS cutoff, ch.catch_up,
+               least(coalesce((r.recur_rule->>'until')::timestamp, 'infinity'),
+                     coalesce(r.recur_until, 'infinity')) AS last_local,
+               -- The rule's deadlines a day, at most; its times of day; its period.
+               pgwork.recur_density(r.recur_rule) AS density,
+               cardinality(pgwork.recur_list(r.recur_rule, 'byhour'))
+                 * cardinality(pgwork.recur_list(r.recur_rule, 'byminute')) AS times,
+               (r.recur_rule->>'interval')::integer
+                 * CASE r.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
+                                              WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS span
+          FROM pgwork.reminder r
+          LEFT JOIN pgwork.channel ch ON ch.name = r.channel
+         WHERE r.id = ANY (materialise_series.ids) AND r.recur_rule IS NOT NULL
+    ), reach AS MATERIALIZED (
+        -- How far in fire time this page goes for a series (upto): to the cutoff, or as far as
+        -- its share of sends reaches at the rule's density, when that is short of the cutoff.
+        -- The probe past the cutoff looks for the next deadline: a period of the rule (which has
+        -- one then if it has one every period), two days for a rule with many times a day.
+        SELECT d.*, s.step, d.next_fire_at + s.step < d.cutoff AS unfinished,
+               least(d.cutoff, d.next_fire_at + s.step) AS upto,
+               least(d.span, greatest(interval '2 days', make_interval(days => 1440 / d.times))) AS probe,
+               CASE WHEN d.catch_up = 'latest' AND d.next_fire_at < d.planned_at
+                    THEN pgwork.series_latest_missed(d.recur_rule, d.due_local, d.due_tz, d.remind_before,
+                                                     d.recur_skip, d.recur_until, d.series_from, d.planned_at)
+               END AS latest_missed
+          FROM due d
+         CROSS JOIN LATERAL (
+               SELECT make_interval(secs => 86400.0 * greatest(16, materialise_series.budget / cardinality(materialise_series.ids))
+                                           / (cardinality(d.remind_before) * d.density)) AS step) AS s
+    ), windows AS MATERIALIZED (
+        -- Per series and remind_before entry: the local deadlines whose send of that entry may
+        -- fall between the series' progress (never before its start) and upto, a day more each
+        -- side for DST, and the probe when the page goes to the cutoff.
+        SELECT r.id, r.recur_rule, r.due_local, r.due_tz, b.before, r.recur_skip, r.series_from, r.last_local,
+               greatest((r.next_fire_at AT TIME ZONE r.due_tz) + b.before,
+                        r.series_from AT TIME ZONE r.due_tz) - interval '1 day' AS lo,
+               (r.upto AT TIME ZONE r.due_tz) + b.before
+                 + CASE WHEN r.unfinished THEN interval '1 day' ELSE r.probe END AS hi
+          FROM reach r
+         CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
+    ), keyed AS MATERIALIZED (
+        -- What a window's deadlines depend on. With INTERVAL=1 and a window after the first
+        -- deadline, the first deadline does not matter (every period is kept; the rule's parts
+        -- were completed from it when it was compiled): the key says so with -infinity, and such
+        -- series of one rule, one zone, one entry and one window share one evaluation below.
+        SELECT w.id, w.recur_rule, w.due_tz, w.before, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip,
+               w.series_from,
+               CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
+                    THEN '-infinity' ELSE w.due_local END AS anchor
+          FROM windows w
+    ), evaluated AS MATERIALIZED (
+        -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant), with the
+        -- instant of its entry's send: on rent day, a million series of "the 1st at 09:00
+        -- Berlin" cost one evaluation per entry and page.
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.before, x.dl, x.deadline_at,
+               pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, e.before) AS fire_at
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.before FROM keyed k) AS e
+         CROSS JOIN LATERAL (
+               SELECT r.dl, pgwork.local_to_instant(r.dl, e.due_tz) AS deadline_at
+                 FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
+                                           e.lo, e.hi) AS r(dl)) AS x
+    ), deadlines AS MATERIALIZED (
+        -- Its deadlines in the window, without the skipped ones and the history before the
+        -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
+        -- of the series) are one: the one not shifted. (No join with due here: estimated at a
+        -- few rows, it was made a nested loop, a page's series times its deadlines.)
+        SELECT DISTINCT ON (k.id, k.before, e.deadline_at) k.id, k.before, e.dl, e.deadline_at, e.fire_at
+          FROM keyed k
+          JOIN evaluated e
+            ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi
+           AND e.anchor = k.anchor AND e.before = k.before
+         WHERE e.dl <> ALL (coalesce(k.recur_skip, '{}')) AND e.deadline_at >= k.series_from
+         ORDER BY k.id, k.before, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
+    ), occ AS MATERIALIZED (
+        -- Each deadline x remind_before entry; the channel's catch_up judges the sends that fired
+        -- before the series was written or last edited (never a deadline before it: history).
+        SELECT r.id, r.source, r.business_key, k.deadline_at AS due_at, r.channel, k.before,
+               r.next_fire_at AS progress, k.fire_at, r.planned_at, r.cutoff, r.upto, r.unfinished,
+               r.traceparent, r.tracestate, k.dl, r.recur_version, r.catch_up,
+               pgwork.skipped_by_catch_up(r.catch_up, k.fire_at, r.planned_at,
+                                          CASE WHEN r.catch_up = 'latest' THEN r.latest_missed END) AS skip
+          FROM deadlines k
+          JOIN reach r ON r.id = k.id
+    ), made AS (
+        -- A series' occurrences, identified by their local deadline (work_series_occurrence_unique),
+        -- so a zone edit or a time zone data update never makes a second one. A tombstone of the
+        -- same local deadline stops it, and so does a row of another local deadline on the same
+        -- instant (the same send, made before an edit). An occurrence an edit superseded is made
+        -- again (its instant may have moved); one waiting for a retry keeps its retry time.
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                deadline_local, recur_version)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.series_operation_id(o.id, o.source, o.business_key, o.dl, o.before),
+               o.fire_at,
+               CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
+               CASE WHEN o.skip THEN now() END,
+               CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its series was written or edited (%s)',
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               o.dl, o.recur_version
+          FROM occ o
+         WHERE o.fire_at >= o.progress
+           AND CASE WHEN o.unfinished THEN o.fire_at < o.upto ELSE o.fire_at <= o.cutoff END
+           AND (SELECT true FROM pgwork.retired t
+                 WHERE t.reminder_id = o.id AND t.deadline_local = o.dl AND t.occurrence = o.before
+                 LIMIT 1) IS NULL
+           AND (SELECT true FROM pgwork.renewal_work x
+                 WHERE x.reminder_id = o.id AND x.deadline = o.due_at AND x.occurrence = o.before
+                   AND x.deadline_local IS DISTINCT FROM o.dl
+                 LIMIT 1) IS NULL
+            ON CONFLICT (reminder_id, deadline_local, occurrence) WHERE deadline_local IS NOT NULL DO UPDATE
+           SET status = excluded.status,
+               available_at = CASE WHEN w.attempts > 0 AND excluded.status = 'ready'
+                                   THEN greatest(w.available_at, excluded.available_at)
+                                   ELSE excluded.available_at END,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate,
+               deadline = excluded.deadline, due_at = excluded.due_at, recur_version = excluded.recur_version
+         WHERE w.status = 'superseded'
+        RETURNING w.reminder_id, w.status, w.due_at
+    ), nxt AS (
+        -- Unfinished: its progress is how far the page went. Else its first send past the
+        -- cutoff in the windows, but never later than the earliest send of a deadline past a
+        -- window (not looked at yet), less a day for DST; with nothing in the windows, that
+        -- bound is a probe. 'infinity' once every window reached the series' end.
+        SELECT r.id, r.unfinished,
+               CASE WHEN r.unfinished THEN r.upto
+                    WHEN b.ended THEN coalesce(f.next_at, 'infinity')
+                    ELSE least(f.next_at, b.bound) END AS next_fire_at
+          FROM reach r
+          JOIN (SELECT w.id, bool_and(w.hi >= w.last_local) AS ended,
+                       min(pgwork.local_to_instant(w.hi - w.before, w.due_tz)) - interval '1 day' AS bound
+                  FROM windows w
+                 GROUP BY w.id) AS b ON b.id = r.id
+          LEFT JOIN (SELECT o.id, min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff) AS next_at
+                       FROM occ o
+                      GROUP BY o.id) AS f ON f.id = r.id
+    )
+    SELECT n.id, n.next_fire_at,
+           count(m.reminder_id),
+           count(m.reminder_id) FILTER (WHERE m.due_at <= now() AND m.status = 'ready'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'expired'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'ready'),
+           min(m.due_at),
+           n.unfinished
+      FROM nxt n
+      LEFT JOIN made m ON m.reminder_id = n.id
+     GROUP BY n.id, n.next_fire_at, n.unfinished;
+END
+$$;
+COMMENT ON FUNCTION pgwork.materialise_series(bigint[], timestamptz, integer) IS
+    'The materialiser''s page for its recurring reminders (called by materialise_page only).';
+REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;
+
+CREATE FUNCTION pgwork.materialise_page(
+    coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
+    after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
+    daemon_id text)
+RETURNS TABLE (
+    cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
+    notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
+    unfinished bigint, id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
+    occurrence interval, due_at timestamptz, channel text, operation_id uuid, status text,
+    attempts integer, attempts_base integer, lease integer, retry_since timestamptz,
+    prev_status text, recipient text, payload text, traceparent text, tracestate text,
+    deadline_local timestamp, time_zone text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    got boolean;
+BEGIN
+    -- Under repeatable read or serializable, every statement here would share the snapshot taken
+    -- before the lock: the ordering above, and with it "never sent twice", would not hold.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgwork.materialise_page needs transaction_isolation = read committed, not %',
+                        current_setting('transaction_isolation')
+              USING HINT = 'a default_transaction_isolation set on the database or role applies to '
+                           'pgwork''s sessions too: set it to read committed for the daemon''s role';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    got := CASE WHEN materialise_page.coordinate
+                THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
+                ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END;
+    IF NOT got THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH params AS MATERIALIZED (
+        -- The first page of a pass fixes the cutoff; later pages pass it back.
+        SELECT coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead) AS cutoff
+    ), due AS MATERIALIZED (
+        SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
+               r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
+               coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
+               r.series_from
+          FROM pgwork.reminder r
+         WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+           AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
+           AND (coalesce(r.next_fire_at, r.due_at), r.id)
+               > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+         LIMIT materialise_page.page_limit
+           FOR UPDATE OF r SKIP LOCKED
+    ), fires AS MATERIALIZED (
+        SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
+               pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
+               d.planned_at, (SELECT p.cutoff FROM params p) AS cutoff, d.traceparent, d.tracestate
+          FROM due d
+         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+         WHERE d.series_from IS NULL
+    ), series AS MATERIALIZED (
+        -- Recurring reminders are made by pgwork.materialise_series, called only when the page
+        -- has one (the one-off path's plan stays as small as it was).
+        SELECT s.*
+          FROM (SELECT array_agg(d.id) AS ids FROM due d WHERE d.series_from IS NOT NULL) AS a
+         CROSS JOIN LATERAL pgwork.materialise_series(a.ids, (SELECT p.cutoff FROM params p),
+                                                      materialise_page.page_limit) AS s
+         WHERE a.ids IS NOT NULL
+    ), occ AS MATERIALIZED (
+        -- The channel's catch_up policy for occurrences that fired before the schedule was
+        -- written: all are sent; latest: only the most recent of them; none: none. The others
+        -- are closed as expired, with the reason.
+        SELECT f.*,
+               pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,
+                                          max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                              OVER (PARTITION BY f.id)) AS skip,
+               ch.catch_up
+          FROM fires f
+          LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+    ), rooms AS MATERIALIZED (
+        SELECT t.channel, t.room, make_interval(secs => t.expire_after_s) AS expire_after
+          FROM jsonb_to_recordset(materialise_page.take) AS t(channel text, room integer, expire_after_s float8)
+    ), take AS MATERIALIZED (
+        -- The occurrences claimed here (see above): each channel's oldest due ones, up to its room.
+        SELECT o.id, o.before
+          FROM (SELECT o.id, o.before, o.channel, o.fire_at,
+                       row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.before) AS n
+                  FROM occ o
+                 WHERE NOT o.skip AND o.fire_at <= now() AND o.fire_at >= o.progress
+                   AND o.channel IN (SELECT t.channel FROM rooms t)) AS o
+          JOIN rooms t ON t.channel = o.channel
+          JOIN pgwork.channel c ON c.name = o.channel
+         WHERE o.n <= t.room
+           AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
+           AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
+           AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
+    ), made AS (
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                lease, attempts, claimed_at, claimed_by)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before),
+               CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + materialise_page.claim_lease END,
+               CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
+               CASE WHEN o.skip THEN now() END,
+               CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its reminder was written (%s)',
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
+               CASE WHEN k.id IS NOT NULL THEN now() END,
+               CASE WHEN k.id IS NOT NULL THEN materialise_page.daemon_id END
+          FROM occ o
+          LEFT JOIN take k ON k.id = o.id AND k.before = o.before
+         WHERE o.fire_at <= o.cutoff
+           AND o.fire_at >= o.progress
+           -- A probe of retired's key per occurrence (a scalar subquery with LIMIT, not NOT EXISTS,
+           -- which the planner may make a hash anti-join: the generic plan, which cannot see the
+           -- page's size, then read every tombstone on every page), and none while there is no
+           -- tombstone at all (the first test, made once per page).
+           AND (NOT EXISTS (SELECT FROM pgwork.retired)
+                OR (SELECT true FROM pgwork.retired t
+                     WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before
+                     LIMIT 1) IS NULL)
+            ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
+           -- A revived row keeps its lease and attempts: it is made ready, never claimed here.
+           SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
+               available_at = CASE WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate
+         WHERE w.status = 'superseded'
+        RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
+                  w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+                  coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
+                  w.traceparent, w.tracestate
+    ), nxt AS (
+        SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
+          FROM occ o
+         GROUP BY o.id
+        UNION ALL
+        SELECT s.id, s.next_fire_at FROM series s
+    ), advanced AS (
+        -- By ctid: the rows are locked by this statement, and a join on id would scan the table.
+        UPDATE pgwork.reminder r
+           SET next_fire_at = n.next_fire_at
+          FROM due d
+          JOIN nxt n ON n.id = d.id
+         WHERE r.ctid = d.row_ctid
+    ), figures AS (
+        SELECT (SELECT p.cutoff FROM params p) AS cutoff,
+               (SELECT count(*) FROM due) AS scanned,
+               (SELECT count(*) FROM made) + (SELECT coalesce(sum(s.made), 0) FROM series s)::bigint AS made,
+               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed'))
+                 + (SELECT coalesce(sum(s.made_due), 0) FROM series s)::bigint AS made_due,
+               (SELECT count(*) FROM made m WHERE m.status = 'expired')
+                 + (SELECT coalesce(sum(s.skipped), 0) FROM series s)::bigint AS skipped,
+               (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
+                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')
+                                          OR EXISTS (SELECT 1 FROM series s WHERE s.made_ready > 0)) AS n) AS notified,
+               least((SELECT min(m.due_at) FROM made m), (SELECT min(s.earliest_made) FROM series s)) AS earliest_made,
+               l.next_fire_at AS last_at, l.id AS last_id,
+               (SELECT count(*) FROM series s WHERE s.unfinished) AS unfinished
+          FROM (SELECT 1) AS one
+          LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
+    ), claimed AS (
+        -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
+        SELECT m.id, m.reminder_id, m.source, m.business_key, m.deadline, m.occurrence, m.due_at,
+               m.channel, m.operation_id, m.status, m.attempts, m.attempts_base, m.lease, m.retry_since,
+               'ready'::text AS prev_status, r.recipient, r.payload::text AS payload, m.traceparent, m.tracestate,
+               NULL::timestamp AS deadline_local, NULL::text AS time_zone
+          FROM made m
+          JOIN pgwork.reminder r ON r.id = m.reminder_id
+         WHERE m.status = 'claimed'
+    )
+    SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
+           f.last_at, f.last_id, f.unfinished,
+           c.id, c.reminder_id, c.source, c.business_key, c.deadline, c.occurrence, c.due_at,
+           c.channel, c.operation_id, c.status, c.attempts, c.attempts_base, c.lease, c.retry_since,
+           c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate, c.deadline_local, c.time_zone
+      FROM figures f
+      LEFT JOIN claimed c ON true
+     ORDER BY c.due_at, c.id;
+END
+$$;
+COMMENT ON FUNCTION pgwork.materialise_page IS
+    'The materialiser''s page (lock, page, the rows it claimed), called by the daemon only.';
+REVOKE EXECUTE ON FUNCTION pgwork.materialise_page FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_daemon') THEN
+        GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
+        GRANT EXECUTE ON FUNCTION pgwork.materialise_series TO pgwork_daemon;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_cleanup') THEN
+        GRANT DELETE ON pgwork.retired TO pgwork_cleanup;
+    END IF;
+END
+$$;
+
+UPDATE pgwork.schema_version SET version = 14, applied_at = now();

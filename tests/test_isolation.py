@@ -1,0 +1,157 @@
+"""One app cannot delay another's deliveries: the noisy-neighbour property.
+
+Many apps share one database. Whatever one app writes (a valid series that asks for a great
+deal of work) or holds (an open transaction over its own reminders), another app's reminder is
+delivered within a few seconds of its due time. Each neighbour below is one kind of heavy row or
+app-held lock; the daemon is real and in this process, the other app's reminder goes through
+the python test channel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from . import sink
+from .helpers import config, python_channel, rows, running, until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
+
+#: How late another app's reminder may be delivered, seconds after its due time. Without a
+#: neighbour it is delivered within milliseconds; the bound leaves room for a loaded machine.
+BOUND = 3.0
+
+EVERY_MINUTE = "FREQ=DAILY;BYHOUR={};BYMINUTE={}".format(
+    ",".join(str(h) for h in range(24)), ",".join(str(m) for m in range(60))
+)
+#: 16 entries spread over 0-375 days (within the documented limits).
+SIXTEEN_UP_TO_375_DAYS = "{" + ", ".join(f"{round(i * 25)} days" for i in range(16)) + "}"
+
+Neighbour = Callable[[psycopg.AsyncConnection[Any], str], Awaitable[None]]
+
+
+async def _series(
+    app: psycopg.AsyncConnection[Any], key: str, recur: str, before: str = "{0}"
+) -> None:
+    await app.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
+        "remind_before, channel, recipient) VALUES ('noisy', %s, "
+        "date_trunc('minute', now() AT TIME ZONE 'Asia/Kolkata') + interval '1 minute', "
+        "'Asia/Kolkata', %s, %s::interval[], 'test', 'r')",
+        (key, recur, before),
+    )
+
+
+async def _a_made_series(app: psycopg.AsyncConnection[Any]) -> None:
+    """The noisy app's series, its next occurrences made and unsent (the look-ahead is two
+    minutes), and a one-off of its own."""
+    await _series(app, "series", EVERY_MINUTE)
+    await app.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "VALUES ('noisy', 'one-off', now() + interval '1 hour', 'test', 'r')"
+    )
+
+    async def made() -> bool:
+        got = await rows(
+            app,
+            "SELECT count(*) AS n FROM pgwork.renewal_work "
+            "WHERE business_key = 'series' AND status = 'ready'",
+        )
+        return bool(got[0]["n"] > 0)
+
+    await until(made, what="the series' next occurrences made")
+
+
+def _held(edit: str) -> Neighbour:
+    """The noisy app makes its series, runs ``edit`` in a transaction it keeps open for the rest
+    of the test, and (from another session) writes a reminder due with the other app's: the page
+    that makes the other's row makes this one's too, in the noisy app's lane."""
+
+    async def neighbour(app: psycopg.AsyncConnection[Any], dsn: str) -> None:
+        await _a_made_series(app)
+        await app.set_autocommit(False)
+        await app.execute(edit)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as again:
+            await again.execute(
+                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                "VALUES ('noisy', 'due-with-the-other', now() + interval '1 second', 'test', 'r')"
+            )
+
+    return neighbour
+
+
+def _heavy(recur: str, before: str) -> Neighbour:
+    async def neighbour(app: psycopg.AsyncConnection[Any], dsn: str) -> None:
+        t0 = time.monotonic()
+        await _series(app, "heavy", recur, before)
+        assert time.monotonic() - t0 < 1.0  # accepted at once
+
+    return neighbour
+
+
+NEIGHBOURS: dict[str, Neighbour] = {
+    "a series' zone edit, transaction held open": _held(
+        "UPDATE pgwork.reminder SET due_tz = 'Asia/Kathmandu' WHERE business_key = 'series'"
+    ),
+    "a series' skip edit, transaction held open": _held(
+        "UPDATE pgwork.reminder SET recur_skip = '{2031-01-01}' WHERE business_key = 'series'"
+    ),
+    "a series' rule edit, transaction held open": _held(
+        "UPDATE pgwork.reminder SET recur = recur || ';INTERVAL=2' WHERE business_key = 'series'"
+    ),
+    "a series paused, transaction held open": _held(
+        "UPDATE pgwork.reminder SET paused = true WHERE business_key = 'series'"
+    ),
+    "a series deleted, transaction held open": _held(
+        "DELETE FROM pgwork.reminder WHERE business_key = 'series'"
+    ),
+    "a one-off moved, transaction held open": _held(
+        "UPDATE pgwork.reminder SET due_at = due_at + interval '1 hour' "
+        "WHERE business_key = 'one-off'"
+    ),
+    "a reminder inserted, transaction held open": _held(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "VALUES ('noisy', 'held', now(), 'test', 'r')"
+    ),
+    "a series every minute with 16 sends up to 375 days ahead": _heavy(
+        EVERY_MINUTE, SIXTEEN_UP_TO_375_DAYS
+    ),
+    "a series every minute with sends 0 and 50 days ahead": _heavy(EVERY_MINUTE, "{0, 50 days}"),
+}
+
+
+@asynccontextmanager
+async def _app(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """Another app's connection; whatever it holds is rolled back when the test ends."""
+    c = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        yield c
+    finally:
+        await c.rollback()
+        await c.close()
+
+
+@pytest.mark.parametrize("neighbour", list(NEIGHBOURS))
+async def test_another_apps_reminder_is_delivered_on_time_whatever_one_app_does(
+    neighbour: str, dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    cfg = config(python_channel(concurrency=16), lookahead=120.0, lease=5.0)
+    async with running(cfg, dsn), _app(dsn) as app:
+        await NEIGHBOURS[neighbour](app, dsn)
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES ('other', 'the-one', now() + interval '1 second', 'test', 'r')"
+        )
+        due = time.time() + 1.0
+
+        async def delivered() -> bool:
+            return any(d.business_key == "the-one" for d in sink.DELIVERED)
+
+        await until(delivered, timeout=BOUND + 30, what="the other app's reminder")
+        late = max(time.time() - due, 0.0)
+        assert late < BOUND, f"delivered {late:.1f}s after its due time"
+    assert [d.business_key for d in sink.DELIVERED].count("the-one") == 1
