@@ -781,7 +781,7 @@ BEGIN
             * CASE rule->>'freq' WHEN 'DAILY' THEN interval '32 days' WHEN 'WEEKLY' THEN interval '35 days'
                                  WHEN 'MONTHLY' THEN interval '3 months' ELSE interval '4 years' END;
     WHILE got < n AND lo <= stop LOOP
-        FOR t IN SELECT x FROM pgwork.recur_between(rule, dtstart, lo, lo + span) AS x LOOP
+        FOR t IN SELECT x FROM pgwork.recur_between(rule, dtstart, lo, least(lo + span, stop)) AS x LOOP
             RETURN NEXT t;
             got := got + 1;
             EXIT WHEN got >= n;
@@ -1053,6 +1053,11 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 DECLARE
     rule jsonb;
 BEGIN
+    IF recur IS NULL THEN
+        RAISE EXCEPTION 'pgwork: recur_preview needs recur (the rule), not NULL'
+            USING ERRCODE = 'null_value_not_allowed', COLUMN = 'recur',
+                  HINT = 'recur_preview(recur, due_local, due_tz, n): the rule, its first deadline as local time, its zone.';
+    END IF;
     IF n IS NULL OR n NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'pgwork: recur_preview takes n between 1 and 1000, not %', n
             USING ERRCODE = 'invalid_parameter_value';
@@ -1066,7 +1071,8 @@ BEGIN
     RETURN QUERY
     SELECT s.l, s.i
       FROM (SELECT DISTINCT ON (i) u.l, pgwork.local_to_instant(u.l, due_tz) AS i
-              FROM pgwork.recur_upcoming(rule, due_local, due_local, n + 64) AS u(l)
+              -- Two local deadlines share an instant at most (one shifted by a DST gap).
+              FROM pgwork.recur_upcoming(rule, due_local, due_local, 2 * n + 64) AS u(l)
              ORDER BY pgwork.local_to_instant(u.l, due_tz),
                       (pgwork.local_to_instant(u.l, due_tz) AT TIME ZONE due_tz) <> u.l, u.l) AS s
      ORDER BY s.i
@@ -1170,6 +1176,11 @@ BEGIN
                                           CASE WHEN NEW.recur_until IS NOT NULL THEN 'recur_until'
                                                WHEN NEW.recur_skip IS NOT NULL THEN 'recur_skip' ELSE 'paused' END),
             'recur_until, recur_skip and paused belong to a recurring reminder (recur).', 'recur');
+    END IF;
+    IF array_position(NEW.recur_skip, NULL) IS NOT NULL THEN
+        PERFORM pgwork.recur_error(format('%s lists NULL in recur_skip', what),
+            'recur_skip lists the local deadlines not to send; leave NULL out (NULL or ''{}'' skips none).',
+            'recur_skip');
     END IF;
     IF NEW.recur_until < NEW.due_local THEN
         PERFORM pgwork.recur_error(format('%s has recur_until %s before due_local %s', what, NEW.recur_until, NEW.due_local),
@@ -1277,20 +1288,30 @@ CREATE TRIGGER reminder_before_update
 CREATE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
 BEGIN
-    -- An app's edit only ever closes work rows: it never makes a row ready (or changes a ready
-    -- one), so it takes no lane lock (pgwork.wake_lanes), which the daemon's pages, claims and
-    -- outcome flushes of every source would otherwise wait on until the app's transaction ends.
+    -- An app's edit only ever closes or removes work rows: it never makes a row ready (or
+    -- changes a ready one), so it takes no lane lock (pgwork.wake_lanes), which the daemon's
+    -- pages, claims and outcome flushes of every source would otherwise wait on until the app's
+    -- transaction ends.
     IF NEW.recur_rule IS NULL THEN
         UPDATE pgwork.renewal_work
            SET status = 'superseded', finished_at = now()
          WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
            AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL);
     ELSE
-        -- A series' edit supersedes the unsent occurrences it no longer has, and those it moves
-        -- to another instant (a new zone): the next page makes a moved one again at its new
-        -- instant, with the same key (its local deadline), as it would make a new series'
-        -- occurrence: unless its deadline is now before the edit (history), or it falls on the
-        -- instant of another of the series' rows (one send per instant).
+        -- A new zone moves the instants of the series' local deadlines. Its occurrences made and
+        -- never tried (ready, or closed unsent) that move are removed: the next page makes each
+        -- again at its new instant, with the same key (its local deadline), if the series still
+        -- has it then (a deadline the move put before now is history) and no other row holds
+        -- that instant (one send per instant). Kept, they would hold their old instant against
+        -- another local deadline that the new zone puts there.
+        IF NEW.due_tz IS DISTINCT FROM OLD.due_tz THEN
+            DELETE FROM pgwork.renewal_work w
+             WHERE w.reminder_id = NEW.id
+               AND coalesce(w.status, '') IN ('ready', 'superseded', 'expired') AND w.attempts = 0
+               AND w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz);
+        END IF;
+        -- Unsent occurrences the series no longer has, and those it moves that were tried
+        -- (waiting for a retry: they keep their instant, as that send), are superseded.
         UPDATE pgwork.renewal_work w
            SET status = 'superseded', finished_at = now()
          WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
@@ -1460,8 +1481,12 @@ SELECT r.source, r.business_key, k.deadline, b.before AS remind_before,
         WHERE r.recur_rule IS NULL
        UNION ALL
        SELECT pgwork.local_to_instant(x.dl, r.due_tz), x.dl
+         -- From a day before now (DST), past the deadlines of that day (two dates' times of day
+         -- at most: a dense series has many), to 64 more.
          FROM pgwork.recur_upcoming(r.recur_rule, r.due_local,
-                                    greatest(now(), r.series_from) AT TIME ZONE r.due_tz - interval '1 day', 64) AS x(dl)
+                                    greatest(now(), r.series_from) AT TIME ZONE r.due_tz - interval '1 day',
+                                    64 + 2 * cardinality(pgwork.recur_list(r.recur_rule, 'byhour'))
+                                           * cardinality(pgwork.recur_list(r.recur_rule, 'byminute'))) AS x(dl)
         WHERE r.recur_rule IS NOT NULL AND x.dl <> ALL (coalesce(r.recur_skip, '{}'))
           AND (r.recur_until IS NULL OR x.dl <= r.recur_until)
           AND pgwork.local_to_instant(x.dl, r.due_tz) >= greatest(now(), r.series_from)

@@ -250,6 +250,35 @@ async def test_preview_refuses_an_unknown_zone_and_a_silly_count(
         await preview(conn, "FREQ=DAILY", "2027-01-01 09:00", "UTC", 0)
 
 
+async def test_preview_names_an_argument_that_is_null(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A NULL rule answered "FOREACH expression must not be null", naming nothing."""
+    with pytest.raises(psycopg.errors.NullValueNotAllowed) as info:
+        await preview(conn, None, "2027-01-01 09:00", "UTC")  # type: ignore[arg-type]
+    assert "recur_preview needs recur" in (info.value.diag.message_primary or "")
+    assert info.value.diag.column_name == "recur"
+    for args in (("FREQ=DAILY", None, "UTC"), ("FREQ=DAILY", "2027-01-01 09:00", None)):
+        with pytest.raises(psycopg.errors.CheckViolation) as check:
+            await preview(conn, *args)
+        assert check.value.diag.column_name == "due_local"
+        assert "needs due_local and due_tz" in (check.value.diag.message_primary or "")
+
+
+async def test_preview_gives_n_deadlines_when_many_fall_in_dst_gaps(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """01:30 and 02:30 on London's spring-forward Sunday: 01:30 does not exist and is shifted
+    onto 02:30's instant, one send a year. A preview of 60 gave 41 rows (it looked at n + 64
+    local deadlines, two per instant: 82 of 100), and none past the 100-year horizon (a
+    rule of seven-yearly periods showed deadlines to 2139)."""
+    rule = "FREQ=YEARLY;BYMONTH=3;BYDAY=-1SU;BYHOUR=1,2;BYMINUTE=30"
+    got = await preview(conn, rule, "2027-03-28 01:30", "Europe/London", 100)
+    assert len(got) == 100
+    assert len({at for _, at in got}) == 100
+    assert got[-1][0].startswith("2126-03-")
+    sparse = await preview(conn, "FREQ=YEARLY;INTERVAL=7", "2027-06-01 09:00", "UTC", 1000)
+    assert sparse[-1][0] == "2125-06-01 09:00"
+
+
 # -- against the reference implementation ------------------------------------------------------
 
 DAYS = ["MO", "TU", "WE", "TH", "FR", "SA", "SU"]

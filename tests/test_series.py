@@ -212,13 +212,17 @@ async def test_edits_never_resend_and_supersede_what_left_the_series(
     assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
     await materialise(dsn, cutoff=horizon)
     assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
-    # Another zone: the same local deadlines, the same keys; unsent ones move with the zone.
+    # Another zone: the same local deadlines, the same keys; unsent ones move with the zone (made
+    # again at their new instant), the one the series no longer has is gone.
     before = await made(conn)
     await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/Berlin'")
     await materialise(dsn, cutoff=horizon)
     after = await made(conn)
-    assert [r["operation_id"] for r in after] == [r["operation_id"] for r in before]
-    assert after[2]["deadline"] == before[2]["deadline"] - dt.timedelta(hours=1)
+    assert [r["operation_id"] for r in after] == [
+        before[0]["operation_id"],
+        before[2]["operation_id"],
+    ]
+    assert after[1]["deadline"] == before[2]["deadline"] - dt.timedelta(hours=1)
     assert after[0]["deadline"] == before[0]["deadline"]  # sent: as it was
     # Back to daily: the second deadline is in the series again and is made again, once.
     await conn.execute("UPDATE pgwork.reminder SET recur = 'FREQ=DAILY'")
@@ -255,8 +259,8 @@ async def test_a_zone_edit_onto_the_instant_of_a_sent_occurrence_is_that_send(
 ) -> None:
     """Two deadlines a day, 10:00 and 11:00 Berlin; tomorrow's 10:00 is sent, 11:00 is made and
     unsent. Moved to Helsinki (an hour ahead), 11:00 Helsinki is the instant 10:00 Berlin was
-    sent at: the same send, as the page treats two local deadlines on one instant, so it is
-    superseded, and the app's UPDATE goes through (it failed on work_occurrence_unique)."""
+    sent at: the same send, as the page treats two local deadlines on one instant, so it is not
+    made again, and the app's UPDATE goes through (it failed on work_occurrence_unique)."""
     d1 = (await _day(conn, 1)).replace("09:00", "10:00")
     await series(conn, "rent", "FREQ=DAILY;BYHOUR=10,11", d1, "Europe/Berlin")
     await materialise(dsn, cutoff=utc(d1) + dt.timedelta(minutes=30))  # 11:00 Berlin is 10:00Z
@@ -268,16 +272,13 @@ async def test_a_zone_edit_onto_the_instant_of_a_sent_occurrence_is_that_send(
         (d1,),
     )
     await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/Helsinki'")
+    # 11:00 was made and never tried: removed, for the page to make again at its new instant.
     after = await made(conn)
-    assert [(r["deadline_local"].hour, r["status"]) for r in after] == [
-        (10, "delivered"),
-        (11, "superseded"),
-    ]
-    # A pass makes no second row for it either (the page's rule: one send per instant).
+    assert [(r["deadline_local"].hour, r["status"]) for r in after] == [(10, "delivered")]
+    # The page makes no second row for the instant (its rule: one send per instant).
     await materialise(dsn, cutoff=utc(d1) + dt.timedelta(hours=3))
     assert [(r["deadline_local"].hour, r["status"]) for r in await made(conn)] == [
-        (10, "delivered"),
-        (11, "superseded"),
+        (10, "delivered")
     ]
 
 
@@ -287,8 +288,9 @@ async def test_a_zone_edit_that_shifts_one_unsent_deadline_onto_another_makes_on
     """01:30 and 02:30 daily, made in UTC for 28 March 2027; moved to London, whose clocks jump
     from 01:00 to 02:00 that night, 01:30 is shifted onto 02:30's instant (01:30Z). The edit goes
     through (it was refused, naming due_tz: the trigger moved both rows itself and hit
-    work_occurrence_unique). 01:30's row keeps its instant and stays; 02:30's moves onto it and
-    is superseded, and the next pass does not make it again: one send for the instant."""
+    work_occurrence_unique). 01:30's row keeps its instant and stays; 02:30's moves onto it: it
+    is removed (made, never tried), and the next pass does not make it again: one send for the
+    instant."""
     await series(conn, "rent", "FREQ=DAILY;BYHOUR=1,2;BYMINUTE=30", "2027-03-28 01:30", "UTC")
     await materialise(dsn, cutoff=utc("2027-03-28 02:45"))
     before = await made(conn)
@@ -296,7 +298,7 @@ async def test_a_zone_edit_that_shifts_one_unsent_deadline_onto_another_makes_on
     await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/London'")
     for _ in range(2):
         got = {r["deadline_local"].hour: r for r in await made(conn)}
-        assert (got[1]["status"], got[2]["status"]) == ("ready", "superseded")
+        assert list(got) == [1] and got[1]["status"] == "ready"
         assert got[1]["deadline"] == utc("2027-03-28 01:30")
         assert got[1]["operation_id"] == before[0]["operation_id"]
         await materialise(dsn, cutoff=utc("2027-03-28 02:45"))
@@ -524,7 +526,9 @@ async def test_a_dense_series_is_made_in_bounded_pages_and_whole_in_the_end(
     assert minutes[-1] >= (res.cutoff + dt.timedelta(days=1)).replace(tzinfo=None) - dt.timedelta(
         minutes=1
     )
-    missed = [a for a in ahead if a["deadline_local"] - dt.timedelta(days=1) < _naive(r["planned_at"])]
+    missed = [
+        a for a in ahead if a["deadline_local"] - dt.timedelta(days=1) < _naive(r["planned_at"])
+    ]
     assert len(missed) > 1400
     sent = [a for a in missed if a["status"] == "ready"]
     if catch_up == "all":
@@ -534,5 +538,73 @@ async def test_a_dense_series_is_made_in_bounded_pages_and_whole_in_the_end(
         assert {a["status"] for a in missed[:-1]} == {"expired"}
 
 
+async def _every_pass(dsn: str, **kw: Any) -> None:
+    """Passes until none leaves a series unfinished (a daemon runs the next at once)."""
+    for _ in range(50):
+        if not (await materialise(dsn, **kw)).unfinished:
+            return
+    raise AssertionError("a series was still unfinished after 50 passes")
+
+
 def _naive(t: dt.datetime) -> dt.datetime:
     return t.astimezone(UTC).replace(tzinfo=None)
+
+
+async def test_a_null_among_the_skipped_deadlines_is_refused_naming_recur_skip(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """deadline <> ALL ('{2031-01-01, NULL}') is NULL for every deadline: the series made nothing,
+    silently, and left reminder_status."""
+    d1 = await _day(conn, 1)
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await series(conn, "rent", "FREQ=DAILY", d1, "UTC", recur_skip=["2031-01-01 09:00", None])
+    assert info.value.diag.column_name == "recur_skip"
+    await series(conn, "rent", "FREQ=DAILY", d1, "UTC")
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await conn.execute("UPDATE pgwork.reminder SET recur_skip = ARRAY[NULL::timestamp]")
+    assert info.value.diag.column_name == "recur_skip"
+
+
+async def test_a_zone_edit_never_sends_a_deadline_it_moves_before_the_edit(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Every minute in Kolkata, the next twenty minutes made; moved to Kathmandu, fifteen minutes
+    ahead, the deadlines of the next quarter of an hour are before the edit: history, never sent
+    (they stayed ready and were sent at once, 13-14.5 minutes late). The others are made again
+    at their new instants, with their keys."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
+        "VALUES ('app', 'rent', date_trunc('minute', now() AT TIME ZONE 'Asia/Kolkata') + interval '1 minute', "
+        "'Asia/Kolkata', %s, 'test', 'r')",
+        (EVERY_MINUTE,),
+    )
+    await _every_pass(dsn, lookahead=20 * 60)
+    before = {r["deadline_local"]: r for r in await made(conn)}
+    assert len(before) >= 19
+    await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Asia/Kathmandu'")
+    (edit,) = await rows(conn, "SELECT series_from FROM pgwork.reminder")
+    await _every_pass(dsn, lookahead=20 * 60)
+    after = {r["deadline_local"]: r for r in await made(conn)}
+    kathmandu = dt.timedelta(hours=5, minutes=45)
+    history = [k for k in before if k - kathmandu < _naive(edit["series_from"])]
+    assert len(history) >= 13
+    assert not [k for k in history if k in after]  # removed, never made again
+    ahead = [k for k in before if k not in history]
+    assert ahead and all(after[k]["status"] == "ready" for k in ahead)
+    assert all(after[k]["deadline"] == (k - kathmandu).replace(tzinfo=UTC) for k in ahead)
+    assert all(after[k]["operation_id"] == before[k]["operation_id"] for k in ahead)
+
+
+async def test_reminder_status_shows_the_next_deadline_of_a_dense_series(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """A series every minute since the start of the year: the view looked at 64 deadlines from a
+    day before now, all past, and showed no row at all."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
+        "VALUES ('app', 'dense', '2026-01-01 00:00', 'UTC', %s, 'test', 'r')",
+        (EVERY_MINUTE,),
+    )
+    got = await rows(conn, "SELECT deadline, now() AS now FROM pgwork.reminder_status")
+    assert len(got) == 1
+    assert dt.timedelta(0) <= got[0]["deadline"] - got[0]["now"] <= dt.timedelta(minutes=1)

@@ -2,12 +2,14 @@
 -- the result equals a fresh install of schema.sql (tests/test_schema.py checks that).
 --
 -- What it changes (issue 37: one app cannot stop another's deliveries):
---   * pgwork.reminder_after_reschedule: an app's edit of a series only closes work rows (those
---     the series no longer has, and those a new zone moves, which the next page makes again at
+--   * pgwork.reminder_after_reschedule: an app's edit of a series only closes or removes work
+--     rows (those the series no longer has are superseded; those a new zone moves are removed
+--     when never tried, superseded when waiting for a retry; the next page makes them again at
 --     their new instant with the same key): it never keeps a row ready, so it takes no lane
 --     lock that the daemon's pages, claims and outcome flushes would wait on until the app
 --     commits. A zone edit is no longer refused when it shifts one unsent deadline onto
---     another (the page makes one send per instant).
+--     another (the page makes one send per instant), and one that moves a deadline before the
+--     edit no longer sends it.
 --   * pgwork.materialise_series (new signature: a budget) evaluates deadlines per remind_before
 --     entry, in windows as wide as the page's span of fire time, and makes at most its share of
 --     the page's sends; a series with more to make before the cutoff is left unfinished for the
@@ -15,6 +17,10 @@
 --   * pgwork.materialise_page returns unfinished (series left short of the cutoff).
 --   * pgwork.retired gets retired_series_deadline: retention prunes a series' tombstones once
 --     their deadline is two days past (they were kept as long as the reminder lived).
+--   * NULL in recur_skip is refused naming recur_skip (a series with one made nothing, silently);
+--     existing NULLs are dropped. recur_preview names a NULL argument, gives n deadlines when
+--     many fall in DST gaps, and none past its 100-year horizon (recur_upcoming);
+--     reminder_status shows a dense series' next deadline.
 -- Upgrade as always: stop the daemons, `pgwork migrate`, start the new version.
 
 CREATE INDEX retired_series_deadline ON pgwork.retired (deadline) WHERE deadline_local IS NOT NULL;
@@ -25,20 +31,30 @@ DROP FUNCTION pgwork.materialise_series(bigint[], timestamptz);
 CREATE OR REPLACE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
 BEGIN
-    -- An app's edit only ever closes work rows: it never makes a row ready (or changes a ready
-    -- one), so it takes no lane lock (pgwork.wake_lanes), which the daemon's pages, claims and
-    -- outcome flushes of every source would otherwise wait on until the app's transaction ends.
+    -- An app's edit only ever closes or removes work rows: it never makes a row ready (or
+    -- changes a ready one), so it takes no lane lock (pgwork.wake_lanes), which the daemon's
+    -- pages, claims and outcome flushes of every source would otherwise wait on until the app's
+    -- transaction ends.
     IF NEW.recur_rule IS NULL THEN
         UPDATE pgwork.renewal_work
            SET status = 'superseded', finished_at = now()
          WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
            AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL);
     ELSE
-        -- A series' edit supersedes the unsent occurrences it no longer has, and those it moves
-        -- to another instant (a new zone): the next page makes a moved one again at its new
-        -- instant, with the same key (its local deadline), as it would make a new series'
-        -- occurrence: unless its deadline is now before the edit (history), or it falls on the
-        -- instant of another of the series' rows (one send per instant).
+        -- A new zone moves the instants of the series' local deadlines. Its occurrences made and
+        -- never tried (ready, or closed unsent) that move are removed: the next page makes each
+        -- again at its new instant, with the same key (its local deadline), if the series still
+        -- has it then (a deadline the move put before now is history) and no other row holds
+        -- that instant (one send per instant). Kept, they would hold their old instant against
+        -- another local deadline that the new zone puts there.
+        IF NEW.due_tz IS DISTINCT FROM OLD.due_tz THEN
+            DELETE FROM pgwork.renewal_work w
+             WHERE w.reminder_id = NEW.id
+               AND coalesce(w.status, '') IN ('ready', 'superseded', 'expired') AND w.attempts = 0
+               AND w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz);
+        END IF;
+        -- Unsent occurrences the series no longer has, and those it moves that were tried
+        -- (waiting for a retry: they keep their instant, as that send), are superseded.
         UPDATE pgwork.renewal_work w
            SET status = 'superseded', finished_at = now()
          WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
@@ -487,6 +503,260 @@ $$;
 COMMENT ON FUNCTION pgwork.materialise_page IS
     'The materialiser''s page (lock, page, the rows it claimed), called by the daemon only.';
 REVOKE EXECUTE ON FUNCTION pgwork.materialise_page FROM PUBLIC;
+CREATE OR REPLACE FUNCTION pgwork.reminder_before_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    what text;
+    bad  interval;
+    size integer;
+BEGIN
+    what := format('reminder (%s, %s)', NEW.source, NEW.business_key);
+    IF TG_OP = 'UPDATE' AND (NEW.source IS DISTINCT FROM OLD.source OR NEW.business_key IS DISTINCT FROM OLD.business_key) THEN
+        RAISE EXCEPTION 'pgwork: source and business_key identify a reminder and cannot change'
+            USING ERRCODE = 'check_violation', COLUMN = 'business_key',
+                  HINT = 'Delete the reminder and insert a new one.';
+    END IF;
+
+    -- The deadline: an instant, or a wall-clock time plus an IANA zone.
+    IF (NEW.due_local IS NULL) <> (NEW.due_tz IS NULL) THEN
+        RAISE EXCEPTION 'pgwork: % gives only one of due_local and due_tz', what
+            USING ERRCODE = 'check_violation', COLUMN = 'due_tz',
+                  HINT = 'A local deadline needs both the wall-clock time and the IANA zone.';
+    END IF;
+    IF NEW.due_local IS NOT NULL THEN
+        IF TG_OP = 'INSERT' AND NEW.due_at IS NOT NULL THEN
+            RAISE EXCEPTION 'pgwork: % gives both due_at and due_local/due_tz', what
+                USING ERRCODE = 'check_violation', COLUMN = 'due_at',
+                      HINT = 'Give the deadline either as an instant or as local time plus zone.';
+        END IF;
+        IF TG_OP = 'UPDATE' AND NEW.due_at IS DISTINCT FROM OLD.due_at
+           AND NEW.due_local IS NOT DISTINCT FROM OLD.due_local AND NEW.due_tz IS NOT DISTINCT FROM OLD.due_tz THEN
+            RAISE EXCEPTION 'pgwork: % has a local-time deadline; due_at is computed from it', what
+                USING ERRCODE = 'check_violation', COLUMN = 'due_at',
+                      HINT = 'Update due_local (and due_tz), or set due_local and due_tz to NULL together with due_at.';
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pgwork.time_zone z WHERE z.name = NEW.due_tz) THEN
+            RAISE EXCEPTION 'pgwork: % has unknown time zone "%"', what, NEW.due_tz
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = 'due_tz',
+                      HINT = 'Use an IANA zone name as the server knows it (pgwork.time_zone), e.g. Europe/London or UTC.';
+        END IF;
+        IF NOT (NEW.due_local > '1970-01-02' AND NEW.due_local < '9998-12-31') THEN
+            RAISE EXCEPTION 'pgwork: % has due_local % outside 1970-01-02 .. 9998-12-31', what, NEW.due_local
+                USING ERRCODE = 'check_violation', COLUMN = 'due_local';
+        END IF;
+        NEW.due_at := pgwork.local_to_instant(NEW.due_local, NEW.due_tz);
+    ELSIF NEW.due_at IS NULL THEN
+        RAISE EXCEPTION 'pgwork: % has no deadline', what
+            USING ERRCODE = 'not_null_violation', COLUMN = 'due_at', HINT = 'Set due_at, or due_local and due_tz.';
+    END IF;
+
+    -- A series is anchored at its first deadline as local time; its companions need it.
+    IF NEW.recur IS NOT NULL AND NEW.due_local IS NULL THEN
+        PERFORM pgwork.recur_error(format('%s has recur but no due_local and due_tz', what),
+            'A series starts at its first deadline, as local time: set due_local and due_tz (''UTC'' for a series in UTC).',
+            'due_local');
+    END IF;
+    IF NEW.recur IS NULL AND (NEW.recur_until IS NOT NULL OR NEW.recur_skip IS NOT NULL OR NEW.paused) THEN
+        PERFORM pgwork.recur_error(format('%s sets %s but has no recur', what,
+                                          CASE WHEN NEW.recur_until IS NOT NULL THEN 'recur_until'
+                                               WHEN NEW.recur_skip IS NOT NULL THEN 'recur_skip' ELSE 'paused' END),
+            'recur_until, recur_skip and paused belong to a recurring reminder (recur).', 'recur');
+    END IF;
+    IF array_position(NEW.recur_skip, NULL) IS NOT NULL THEN
+        PERFORM pgwork.recur_error(format('%s lists NULL in recur_skip', what),
+            'recur_skip lists the local deadlines not to send; leave NULL out (NULL or ''{}'' skips none).',
+            'recur_skip');
+    END IF;
+    IF NEW.recur_until < NEW.due_local THEN
+        PERFORM pgwork.recur_error(format('%s has recur_until %s before due_local %s', what, NEW.recur_until, NEW.due_local),
+            'recur_until is the last local deadline the series may have.', 'recur_until');
+    END IF;
+
+    -- The payload, measured as the JSON text a receiver gets (the CHECK sees the compressed size).
+    size := octet_length(NEW.payload::text);
+    IF size > 65536 THEN
+        RAISE EXCEPTION 'pgwork: % has a payload of % bytes; at most 65536 (64 KiB) as JSON text', what, size
+            USING ERRCODE = 'check_violation', COLUMN = 'payload';
+    END IF;
+    IF size > 128 AND NOT pgwork.jsonb_nesting_within(NEW.payload, 64) THEN
+        RAISE EXCEPTION 'pgwork: % has a payload nested deeper than 64 levels', what
+            USING ERRCODE = 'check_violation', COLUMN = 'payload';
+    END IF;
+
+    -- (Re)plan: every occurrence of the current schedule is due for materialisation again; ones
+    -- already made for this deadline are kept by ON CONFLICT, ones retention retired by their
+    -- tombstones. Ranges and counts are CHECK constraints (cheaper than checking here).
+    IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before
+       OR (NEW.recur IS NOT NULL OR OLD.recur IS NOT NULL)
+          AND (NEW.recur IS DISTINCT FROM OLD.recur OR NEW.due_local IS DISTINCT FROM OLD.due_local
+               OR NEW.due_tz IS DISTINCT FROM OLD.due_tz OR NEW.recur_until IS DISTINCT FROM OLD.recur_until
+               OR NEW.recur_skip IS DISTINCT FROM OLD.recur_skip OR NEW.paused IS DISTINCT FROM OLD.paused) THEN
+        -- Exactly {0}: '1 mon -30 days' compares equal to 0 as an interval, so '=' is not enough.
+        IF NEW.due_local IS NULL AND cardinality(NEW.remind_before) = 1
+           AND array_ndims(NEW.remind_before) = 1 AND NEW.remind_before[1] = '0'
+           AND extract(year FROM NEW.remind_before[1]) = 0
+           AND extract(month FROM NEW.remind_before[1]) = 0
+           AND extract(day FROM NEW.remind_before[1]) = 0 THEN
+            NEW.next_fire_at := NULL;  -- the common case: one send, at the deadline (due_at)
+        ELSE
+            IF array_ndims(NEW.remind_before) > 1 THEN
+                RAISE EXCEPTION 'pgwork: % has a remind_before that is not a list of intervals', what
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before',
+                          HINT = 'Write e.g. ''{30 days, 7 days, 0}''.';
+            END IF;
+            SELECT x INTO bad FROM unnest(NEW.remind_before) AS x
+             WHERE extract(year FROM x) < 0 OR extract(month FROM x) < 0 OR extract(day FROM x) < 0
+                OR extract(hour FROM x) < 0 OR extract(minute FROM x) < 0 OR extract(second FROM x) < 0
+             LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION 'pgwork: % has remind_before entry "%" with a negative part; it could fire after the deadline', what, bad
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before',
+                          HINT = 'Every part of every entry must be zero or positive, e.g. ''1 mon'' or ''30 days''.';
+            END IF;
+            IF cardinality(NEW.remind_before) > 1 AND (SELECT count(DISTINCT x) FROM unnest(NEW.remind_before) AS x) <> cardinality(NEW.remind_before) THEN
+                RAISE EXCEPTION 'pgwork: % lists the same remind_before entry twice', what
+                    USING ERRCODE = 'check_violation', COLUMN = 'remind_before';
+            END IF;
+            IF NEW.recur IS NULL THEN
+                SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
+                  FROM unnest(NEW.remind_before) AS x;
+            ELSE
+                -- A series (re)starts now: its deadlines before now are history, never sent. Its
+                -- progress starts at the earliest send a deadline from now can have; the
+                -- materialiser's page evaluates the rule from there (nothing is evaluated here).
+                NEW.recur_rule := pgwork.recur_compile(NEW.recur, NEW.due_local, NEW.due_tz);
+                NEW.recur_version := CASE WHEN TG_OP = 'INSERT' THEN 1 ELSE OLD.recur_version + 1 END;
+                NEW.series_from := now();
+                NEW.next_fire_at := CASE WHEN NEW.paused THEN 'infinity'
+                                         ELSE now() - (SELECT max(x) FROM unnest(NEW.remind_before) AS x) - interval '1 day' END;
+            END IF;
+        END IF;
+        IF NEW.recur IS NULL THEN
+            NEW.recur_rule := NULL;
+            NEW.series_from := NULL;
+        END IF;
+        IF TG_OP = 'UPDATE' THEN
+            NEW.planned_at := now();  -- what catch_up judges against
+        END IF;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        NEW.updated_at := now();
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgwork.recur_preview(recur text, due_local timestamp, due_tz text, n integer DEFAULT 10)
+RETURNS TABLE (deadline_local timestamp, deadline timestamptz)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
+-- The first n deadlines of a series from its first one: what an app shows before it saves.
+-- Each local deadline becomes an instant by pgwork.local_to_instant (ambiguous: the earlier
+-- instant; in a DST gap: shifted forward by the gap); a shifted deadline that lands on the
+-- instant of another of the series is the same send, shown once.
+DECLARE
+    rule jsonb;
+BEGIN
+    IF recur IS NULL THEN
+        RAISE EXCEPTION 'pgwork: recur_preview needs recur (the rule), not NULL'
+            USING ERRCODE = 'null_value_not_allowed', COLUMN = 'recur',
+                  HINT = 'recur_preview(recur, due_local, due_tz, n): the rule, its first deadline as local time, its zone.';
+    END IF;
+    IF n IS NULL OR n NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'pgwork: recur_preview takes n between 1 and 1000, not %', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF due_tz IS NOT NULL AND NOT EXISTS (SELECT FROM pgwork.time_zone z WHERE z.name = due_tz) THEN
+        RAISE EXCEPTION 'pgwork: unknown time zone "%"', due_tz
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'due_tz',
+                  HINT = 'Use an IANA zone name as the server knows it (pgwork.time_zone), e.g. Europe/London or UTC.';
+    END IF;
+    rule := pgwork.recur_compile(recur, due_local, due_tz);
+    RETURN QUERY
+    SELECT s.l, s.i
+      FROM (SELECT DISTINCT ON (i) u.l, pgwork.local_to_instant(u.l, due_tz) AS i
+              -- Two local deadlines share an instant at most (one shifted by a DST gap).
+              FROM pgwork.recur_upcoming(rule, due_local, due_local, 2 * n + 64) AS u(l)
+             ORDER BY pgwork.local_to_instant(u.l, due_tz),
+                      (pgwork.local_to_instant(u.l, due_tz) AT TIME ZONE due_tz) <> u.l, u.l) AS s
+     ORDER BY s.i
+     LIMIT n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgwork.recur_upcoming(rule jsonb, dtstart timestamp, from_local timestamp, n integer)
+RETURNS SETOF timestamp LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
+-- The first n occurrences at or after from_local, searched window by window (a window holds a
+-- few periods; a rule that matches rarely, e.g. 29 February, costs a few windows), at most 100
+-- years ahead: a daily rule that matches once in four years would otherwise be searched to the
+-- year 9999 (seconds of an app's statement).
+DECLARE
+    lo   timestamp := greatest(from_local, dtstart);
+    span interval;
+    t    timestamp;
+    got  integer := 0;
+    stop timestamp := least(coalesce((rule->>'until')::timestamp, 'infinity'),
+                            greatest(from_local, dtstart) + interval '100 years', '9999-12-31');
+BEGIN
+    span := (rule->>'interval')::integer
+            * CASE rule->>'freq' WHEN 'DAILY' THEN interval '32 days' WHEN 'WEEKLY' THEN interval '35 days'
+                                 WHEN 'MONTHLY' THEN interval '3 months' ELSE interval '4 years' END;
+    WHILE got < n AND lo <= stop LOOP
+        FOR t IN SELECT x FROM pgwork.recur_between(rule, dtstart, lo, least(lo + span, stop)) AS x LOOP
+            RETURN NEXT t;
+            got := got + 1;
+            EXIT WHEN got >= n;
+        END LOOP;
+        lo := lo + span + interval '1 microsecond';
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE VIEW pgwork.reminder_status WITH (security_barrier) AS
+SELECT r.source, r.business_key, k.deadline, b.before AS remind_before,
+       pgwork.fire_at(k.deadline, k.deadline_local, r.due_tz, b.before) AS send_at,
+       coalesce(w.status, t.status, CASE WHEN r.paused THEN 'paused' ELSE 'scheduled' END) AS status,
+       coalesce(w.attempts, 0) AS attempts,
+       coalesce(w.finished_at, t.finished_at) AS finished_at,
+       coalesce(w.operation_id, t.operation_id) AS operation_id,
+       (w.id IS NULL AND t.reminder_id IS NOT NULL) AS retired,
+       k.deadline_local, r.recur
+  FROM pgwork.reminder r
+ -- A one-off reminder's deadline; a series' next deadline (the first from now that it still
+ -- has: not skipped, not past its end, not before its start), none once it has ended.
+ CROSS JOIN LATERAL (
+       SELECT r.due_at AS deadline, CASE WHEN r.due_local IS NOT NULL THEN r.due_local END AS deadline_local
+        WHERE r.recur_rule IS NULL
+       UNION ALL
+       SELECT pgwork.local_to_instant(x.dl, r.due_tz), x.dl
+         -- From a day before now (DST), past the deadlines of that day (two dates' times of day
+         -- at most: a dense series has many), to 64 more.
+         FROM pgwork.recur_upcoming(r.recur_rule, r.due_local,
+                                    greatest(now(), r.series_from) AT TIME ZONE r.due_tz - interval '1 day',
+                                    64 + 2 * cardinality(pgwork.recur_list(r.recur_rule, 'byhour'))
+                                           * cardinality(pgwork.recur_list(r.recur_rule, 'byminute'))) AS x(dl)
+        WHERE r.recur_rule IS NOT NULL AND x.dl <> ALL (coalesce(r.recur_skip, '{}'))
+          AND (r.recur_until IS NULL OR x.dl <= r.recur_until)
+          AND pgwork.local_to_instant(x.dl, r.due_tz) >= greatest(now(), r.series_from)
+        ORDER BY 2 LIMIT 1) AS k
+ CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
+  LEFT JOIN pgwork.renewal_work w
+    ON w.reminder_id = r.id AND w.occurrence = b.before
+   AND (CASE WHEN r.recur_rule IS NULL THEN w.deadline = k.deadline AND w.deadline_local IS NULL
+             ELSE w.deadline_local = k.deadline_local END)
+  LEFT JOIN pgwork.retired t
+    ON t.reminder_id = r.id AND t.occurrence = b.before
+   AND (CASE WHEN r.recur_rule IS NULL THEN t.deadline = k.deadline AND t.deadline_local IS NULL
+             ELSE t.deadline_local = k.deadline_local END)
+ -- The view reads as its owner: with row-level security on, it shows an app only its sources.
+ WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
+    OR (SELECT pgwork.rls_exempt())
+    OR r.source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]);
+
+-- A series whose recur_skip holds a NULL made nothing (every deadline compared NULL with it):
+-- the NULLs are dropped, which restarts each such series from now, as any edit does.
+UPDATE pgwork.reminder SET recur_skip = array_remove(recur_skip, NULL)
+ WHERE array_position(recur_skip, NULL) IS NOT NULL;
+
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgwork_daemon') THEN
