@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -9,12 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
-from pgwork import SCHEMA_VERSION, __version__
+from pgwork import SCHEMA_VERSION, __version__, db
 
-from .helpers import add, materialise, rows
+from .helpers import add, materialise, rows, until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,6 +262,51 @@ async def test_status_names_a_session_that_locks_pgwork_out(
     again = pgwork("status", "--json", dsn=dsn)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["lock_holders"] == []
+
+
+async def test_status_names_a_session_whose_row_lock_a_pgwork_session_waits_on(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A row lock stops the daemon as surely as a table lock (a flush waiting for a work row an
+    operator's psql holds FOR UPDATE): `pgwork status` names the session the daemon waits on
+    (pg_blocking_pids), not only holders of table locks. It exited 0 and named nobody."""
+    await add(conn, "k")
+    await materialise(dsn)
+    async with await psycopg.AsyncConnection.connect(
+        psycopg.conninfo.make_conninfo(dsn, application_name="ops-psql")
+    ) as holder, await db.connect(dsn) as daemon:
+        await holder.execute("SELECT 1 FROM pgwork.renewal_work FOR UPDATE")
+        pid = holder.info.backend_pid
+        await daemon.execute("SET lock_timeout = '60s'")  # it waits while status runs
+        waiting = await daemon.execute("SELECT pg_backend_pid()")
+        daemon_pid = (await waiting.fetchone() or (0,))[0]
+        async with anyio.create_task_group() as tg:
+
+            async def flush_like() -> None:
+                with contextlib.suppress(psycopg.Error):
+                    await daemon.execute(
+                        "UPDATE pgwork.renewal_work SET attempts = attempts WHERE true"
+                    )
+
+            tg.start_soon(flush_like)
+
+            async def waits() -> bool:
+                got = await rows(
+                    conn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                    (daemon_pid,),
+                )  # fmt: skip
+                return bool(got)
+
+            await until(waits, what="the pgwork session to wait on the row lock")
+            text = await anyio.to_thread.run_sync(lambda: pgwork("status", dsn=dsn))
+            js = await anyio.to_thread.run_sync(lambda: pgwork("status", "--json", dsn=dsn))
+            await holder.rollback()
+    assert text.returncode == 4, text.stdout + text.stderr
+    assert f"pid {pid}" in text.stdout and "ops-psql" in text.stdout, text.stdout
+    assert f"pgwork session {daemon_pid} waits" in text.stdout, text.stdout
+    (named,) = json.loads(js.stdout)["lock_holders"]
+    assert (named["pid"], named["application_name"]) == (pid, "ops-psql")
+    assert "pgwork.renewal_work" in named["relation"]
 
 
 def test_status_with_nothing_kept_says_so(dsn: str) -> None:

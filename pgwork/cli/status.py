@@ -145,6 +145,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
 def _lock_holders(holders: list[dict[str, Any]]) -> str:
     """Who stops the daemon's statements, one line each."""
     lines = ["LOCKED: these sessions hold locks that stop claims, outcomes or the materialiser:"]
+    # A table lock: "<mode> on <table>"; a lock a pgwork session waits for: what it waits on.
     for h in holders:
         who = ", ".join(
             x

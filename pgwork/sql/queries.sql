@@ -829,7 +829,7 @@ SELECT greatest(
          0)::bigint AS age_xids
 
 -- name: lock_holders
--- Sessions holding a lock on a pgwork table that stops the daemon's statements: a lock that
+-- Sessions holding a lock that stops the daemon's statements: on a pgwork table, a lock that
 -- conflicts with a write (Share and stronger: an app's LOCK TABLE, a non-concurrent CREATE INDEX,
 -- most DDL) or, at AccessExclusive, with a read. Read from pg_locks and pg_stat_activity only, so
 -- this answers while those tables are locked. Another role's session shows its pid and lock,
@@ -844,7 +844,26 @@ SELECT l.relation::regclass::text AS relation, l.mode, l.pid,
    AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
    AND l.relation IN (SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'pgwork'::regnamespace)
    AND l.pid <> pg_backend_pid()
- ORDER BY held_s DESC NULLS LAST, l.pid, relation
+UNION
+-- And any lock a pgwork session (the daemon's, the cleanup's: application_name pgwork) waits for,
+-- a row's above all (an app's or an operator's transaction over a work or lane row): the sessions
+-- it waits on (pg_blocking_pids), other than pgwork's own short ones.
+SELECT coalesce((SELECT t.relation::regclass::text FROM pg_locks t
+                  WHERE t.pid = w.pid AND t.relation IS NOT NULL AND NOT t.granted LIMIT 1),
+                (SELECT t.relation::regclass::text || ' (a row)' FROM pg_locks t
+                  WHERE t.pid = w.pid AND t.locktype = 'tuple' LIMIT 1),
+                'a row')
+         || ' that pgwork session ' || w.pid || ' waits for' AS relation,
+       'holds what it needs' AS mode, b.pid,
+       a.usename::text AS role, a.application_name, a.state,
+       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::float8 AS held_s
+  FROM pg_stat_activity w
+ CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
+  LEFT JOIN pg_stat_activity a ON a.pid = b.pid
+ WHERE w.datname = current_database() AND w.application_name = 'pgwork' AND w.wait_event_type = 'Lock'
+   AND w.pid <> pg_backend_pid() AND b.pid <> pg_backend_pid()
+   AND (a.application_name IS DISTINCT FROM 'pgwork' OR now() - a.xact_start > interval '5 seconds')
+ ORDER BY held_s DESC NULLS LAST, pid, relation
 
 -- name: batch_limits
 -- A retention batch's own limits, local to its transaction (no session state: this works
