@@ -1790,7 +1790,8 @@ REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;
 --    deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
 --    because the deadline came back.
 --    Reminders locked by an app's transaction are skipped (their progress is unchanged, so the
---    next pass takes them); the caller sees that in next_fire_at.
+--    next pass takes them); the caller sees that in next_fire_at. So are those in aside: the
+--    daemon sets aside a reminder a page failed on, for a while, so that the others go on.
 --    One hop for work due now: up to room occurrences due now of each of the daemon's channels
 --    in take (those with idle workers: [{"channel", "room", "expire_after_s"}, ...]) are
 --    inserted already claimed, under a lease for daemon_id, as the claim would (lease and
@@ -1812,7 +1813,7 @@ REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;
 CREATE FUNCTION pgwork.materialise_page(
     coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
     after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
-    daemon_id text)
+    daemon_id text, aside bigint[])
 RETURNS TABLE (
     cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
     notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
@@ -1856,6 +1857,7 @@ BEGIN
            AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
            AND (coalesce(r.next_fire_at, r.due_at), r.id)
                > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+           AND NOT r.id = ANY (materialise_page.aside)
          ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
          LIMIT materialise_page.page_limit
            FOR UPDATE OF r SKIP LOCKED

@@ -223,6 +223,16 @@ class Metrics:
         self.duty_failures = counter(
             "pgwork_duty_failures", "Passes of a duty that raised (and were retried).", "duty"
         )
+        self.set_aside = counter(
+            "pgwork_set_aside",
+            "Steps that failed on part of their work, which was set aside so that the rest went on "
+            "(materialiser: a reminder a page failed on; outcomes: a batch written in halves).",
+            "duty",
+        )
+        self.materialiser_set_aside = gauge(
+            "pgwork_materialiser_set_aside",
+            "Reminders this daemon's pages leave out for now, because a page failed on each (retried later).",
+        )
         self.duty_restarts = counter(
             "pgwork_duty_restarts", "Times a duty loop resumed after a failure.", "duty"
         )

@@ -196,6 +196,7 @@ async def materialise_page(
     limit: int,
     origin: str = "",
     take: Sequence[ClaimRequest] = (),
+    aside: Sequence[int] = (),
 ) -> tuple[Page | None, list[Claimed]]:
     """One page, one statement (its own transaction): the coordination lock, the page, and the
     rows it inserted claimed for the channels in ``take`` (up to each one's ``limit``; they share
@@ -224,6 +225,7 @@ async def materialise_page(
         ),
         "lease": take[0].lease if take else timedelta(0),
         "daemon_id": take[0].daemon_id if take else "",
+        "aside": list(aside),
     }
     assert all(t.lease == params["lease"] and t.daemon_id == params["daemon_id"] for t in take)
     async with conn.cursor() as cur:
@@ -245,6 +247,37 @@ async def materialise_page(
         return None, []
     page = Page(*got[0][:n])
     return page, [tuple.__new__(Claimed, r[n:]) for r in got if r[n] is not None]
+
+
+@dataclass(frozen=True)
+class DueReminder:
+    id: int
+    source: str
+    business_key: str
+
+
+async def next_due_reminder(
+    conn: Conn,
+    *,
+    cutoff: datetime | None,
+    lookahead: timedelta,
+    after_at: datetime | None,
+    after_id: int,
+    aside: Sequence[int],
+) -> DueReminder | None:
+    got = await _rows(
+        conn,
+        "next_due_reminder",
+        DueReminder,
+        {
+            "cutoff": cutoff,
+            "lookahead": lookahead,
+            "after_at": after_at,
+            "after_id": after_id,
+            "aside": list(aside),
+        },
+    )
+    return got[0] if got else None
 
 
 async def materialise_record_pass(

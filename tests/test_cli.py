@@ -272,9 +272,12 @@ async def test_status_names_a_session_whose_row_lock_a_pgwork_session_waits_on(
     (pg_blocking_pids), not only holders of table locks. It exited 0 and named nobody."""
     await add(conn, "k")
     await materialise(dsn)
-    async with await psycopg.AsyncConnection.connect(
-        psycopg.conninfo.make_conninfo(dsn, application_name="ops-psql")
-    ) as holder, await db.connect(dsn) as daemon:
+    async with (
+        await psycopg.AsyncConnection.connect(
+            psycopg.conninfo.make_conninfo(dsn, application_name="ops-psql")
+        ) as holder,
+        await db.connect(dsn) as daemon,
+    ):
         await holder.execute("SELECT 1 FROM pgwork.renewal_work FOR UPDATE")
         pid = holder.info.backend_pid
         await daemon.execute("SET lock_timeout = '60s'")  # it waits while status runs

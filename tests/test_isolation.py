@@ -93,7 +93,21 @@ def _heavy(recur: str, before: str) -> Neighbour:
     return neighbour
 
 
+async def _around_the_triggers(app: psycopg.AsyncConnection[Any], dsn: str) -> None:
+    """A row no trigger checked (written with triggers off, or by an older pgwork, or with a
+    zone the server's time zone data no longer has): every page that took it failed, for ever."""
+    await app.execute("SET session_replication_role = replica")
+    await app.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
+        "remind_before, channel, recipient, next_fire_at) VALUES ('noisy', 'nowhere', now(), "
+        "now() AT TIME ZONE 'UTC', 'Nowhere/Land', '{1 minute}', 'test', 'r', "
+        "now() - interval '1 minute')"
+    )
+    await app.execute("RESET session_replication_role")
+
+
 NEIGHBOURS: dict[str, Neighbour] = {
+    "a row written around the triggers, in a zone the server does not know": _around_the_triggers,
     "a series' zone edit, transaction held open": _held(
         "UPDATE pgwork.reminder SET due_tz = 'Asia/Kathmandu' WHERE business_key = 'series'"
     ),

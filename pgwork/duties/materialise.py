@@ -71,6 +71,45 @@ async def warm_pages(pool: AsyncConnectionPool[AsyncConnection[Any]], size: int)
     return warmed
 
 
+#: Errors a page may fail with because of what one reminder holds (a value a function refuses, a
+#: row that takes past the statement timeout): the page is retried in halves to find it. Not a
+#: lock or a lost connection, which are no reminder's doing.
+ONE_ROWS_DOING: tuple[type[psycopg.Error], ...] = (
+    psycopg.errors.DataError,
+    psycopg.errors.IntegrityError,
+    psycopg.errors.RaiseException,
+    psycopg.errors.QueryCanceled,
+    psycopg.errors.ProgramLimitExceeded,
+)
+
+
+class SetAside:
+    """Reminders a page failed on, left out of pages for a while, like a poison row, so that one
+    reminder the page cannot make (a zone the server no longer knows, a row written around the
+    triggers) cannot stop every other reminder: retried after ``FIRST`` seconds, then twice as
+    long each time it fails again, up to ``LONGEST``."""
+
+    FIRST = 60.0
+    LONGEST = 3600.0
+
+    def __init__(self) -> None:
+        self._until: dict[int, float] = {}
+        self._wait: dict[int, float] = {}
+
+    def ids(self, now: float) -> list[int]:
+        """The reminders left out now (those whose time is up are tried again)."""
+        for rid in [r for r, t in self._until.items() if t <= now]:
+            del self._until[rid]
+        return list(self._until)
+
+    def add(self, reminder_id: int, now: float) -> float:
+        """Leave ``reminder_id`` out; returns for how long, seconds."""
+        wait = min(self.LONGEST, self._wait.get(reminder_id, self.FIRST / 2) * 2)
+        self._wait[reminder_id] = wait
+        self._until[reminder_id] = now + wait
+        return wait
+
+
 class PageClaimer(Protocol):
     """A delivery channel that takes rows in the page's transaction (see ``run_once``)."""
 
@@ -147,6 +186,8 @@ class PassResult:
     caught_up: int = 0
     #: Series that made their share of a page and have more to make before the cutoff.
     unfinished: int = 0
+    #: Reminders a page failed on, set aside by this pass (see ``SetAside``).
+    set_aside: int = 0
 
     @property
     def left_locked(self) -> bool:
@@ -171,6 +212,7 @@ async def run_once(
     progress: Callable[[], None] | None = None,
     claimers: Sequence[PageClaimer] = (),
     origin: str = "",
+    aside: SetAside | None = None,
 ) -> PassResult | None:
     """One complete pass: every occurrence firing at or before the cutoff gets its work row,
     except for reminders an app holds locked right now (the result says so; the next pass takes
@@ -187,15 +229,23 @@ async def run_once(
     ``claimers`` that has room already claimed (up to its room), so a reminder written due now is
     claimed by the statement that makes its work row and handed to a worker before the pass goes
     on. ``origin`` names this daemon in the page's NOTIFY.
+
+    With ``aside``, a page that fails with one of ``ONE_ROWS_DOING`` is retried in halves from
+    the same cursor down to one reminder, which is set aside for a while (logged, counted in
+    ``PassResult.set_aside``); the pass goes on without it.
     """
     t0 = time.monotonic()
     after_at: datetime | None = None
     after_id = 0
-    scanned = made = made_due = caught_up = pages = unfinished = 0
+    scanned = made = made_due = caught_up = pages = unfinished = set_aside = 0
     longest = 0.0
+    limit = page_size
+    failed = False
     while True:
         p0 = time.monotonic()
-        asked = [(c, req) for c in (claimers if pages == 0 else ()) if (req := c.page_claim())]
+        first = pages == 0 and not failed
+        asked = [(c, req) for c in (claimers if first else ()) if (req := c.page_claim())]
+        left_out = aside.ids(p0) if aside is not None else []
         try:
             page, claimed = await store.materialise_page(
                 conn,
@@ -204,14 +254,49 @@ async def run_once(
                 lookahead=timedelta(seconds=lookahead),
                 after_at=after_at,
                 after_id=after_id,
-                limit=page_size,
+                limit=limit,
                 origin=origin,
                 take=[req for _, req in asked],
+                aside=left_out,
             )
-        except BaseException:
+        except BaseException as e:
             for c, req in asked:
                 c.page_claimed(req, None, p0)
-            raise
+            if aside is None or not isinstance(e, ONE_ROWS_DOING):
+                raise
+            failed = True
+            if limit > 1:
+                limit //= 2  # the same cursor, half the page: which reminder is it?
+                continue
+            culprit = await store.next_due_reminder(
+                conn,
+                cutoff=cutoff,
+                lookahead=timedelta(seconds=lookahead),
+                after_at=after_at,
+                after_id=after_id,
+                aside=left_out,
+            )
+            if culprit is None:
+                raise
+            wait = aside.add(culprit.id, time.monotonic())
+            set_aside += 1
+            log.error(
+                "a page failed on reminder %s (%s/%s); it is left out of pages for %.0fs, "
+                "the others go on: %s",
+                culprit.id,
+                culprit.source,
+                culprit.business_key,
+                wait,
+                e,
+                extra={
+                    "reminder_id": culprit.id,
+                    "source": culprit.source,
+                    "business_key": culprit.business_key,
+                    "error_class": type(e).__name__,
+                },
+            )
+            limit = page_size
+            continue
         if asked:
             for c, req in asked:
                 c.page_claimed(req, [r for r in claimed if r.channel == req.channel], p0)
@@ -233,7 +318,7 @@ async def run_once(
         made_due += page.made_due
         caught_up += page.skipped
         unfinished += page.unfinished
-        if page.scanned < page_size:
+        if page.scanned < limit:
             break
         after_at, after_id = page.last_at, page.last_id or 0
     duration = time.monotonic() - t0
@@ -277,6 +362,7 @@ async def run_once(
         nxt.id,
         caught_up,
         unfinished,
+        set_aside,
     )
 
 
@@ -299,6 +385,7 @@ class Materialiser:
     origin: str = ""
     waker: Waker = field(default_factory=Waker)
     stalls: Stalls = field(default_factory=Stalls)
+    aside: SetAside = field(default_factory=SetAside)
     _claims_off_until: float = field(default=0.0, init=False)
 
     async def step(self) -> Next:
@@ -314,6 +401,7 @@ class Materialiser:
                     progress=lambda: self.sup.health.progress("materialiser"),
                     claimers=claimers,
                     origin=self.origin,
+                    aside=self.aside,
                 )
         except psycopg.DatabaseError as e:
             # Not for a lost connection (OperationalError): the pass fails either way.
@@ -331,6 +419,8 @@ class Materialiser:
         m.materialiser_busy.set(busy)
         if res is None:
             return Next(BUSY_RETRY, "busy")
+        m.set_aside.labels("materialiser").inc(res.set_aside)
+        m.materialiser_set_aside.set(len(self.aside.ids(time.monotonic())))
         m.materialised.inc(res.made)
         m.catch_up_skipped.inc(res.caught_up)
         m.materialiser_cutoff.set(res.cutoff.timestamp())

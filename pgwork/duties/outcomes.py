@@ -468,6 +468,7 @@ class OutcomeWriter:
                 )
                 half = len(batch.records) // 2
                 self._waiting[:0] = [_Batch(batch.records[:half]), _Batch(batch.records[half:])]
+                self.metrics.set_aside.labels("outcomes").inc()
                 split = True
             finally:
                 self.health.end(f"outcomes:{id(batch)}")
@@ -484,7 +485,7 @@ class OutcomeWriter:
 
         try:
             await backoff.until_done(write, failed)
-            if backoff.failures or split:
+            if backoff.failures and not split:
                 self.metrics.duty_restarts.labels("outcomes").inc()
         finally:
             self._writing -= len(batch.records)

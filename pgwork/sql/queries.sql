@@ -30,7 +30,20 @@ SELECT name FROM pg_timezone_names
 SELECT * FROM pgwork.materialise_page(
     %(coordinate)s::boolean, %(cutoff)s::timestamptz, %(lookahead)s::interval,
     %(after_at)s::timestamptz, %(after_id)s::bigint, %(limit)s::integer, %(origin)s::text,
-    %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text)
+    %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text, %(aside)s::bigint[])
+
+-- name: next_due_reminder
+-- The reminder a page from this cursor would take first (not one set aside): what a page that
+-- failed with a limit of one failed on.
+SELECT r.id, r.source, r.business_key
+  FROM pgwork.reminder r
+ WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+   AND coalesce(r.next_fire_at, r.due_at) <= coalesce(%(cutoff)s::timestamptz, now() + %(lookahead)s::interval)
+   AND (coalesce(r.next_fire_at, r.due_at), r.id)
+       > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s::bigint)
+   AND NOT r.id = ANY (%(aside)s::bigint[])
+ ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+ LIMIT 1
 
 -- name: commit_synchronously
 -- After materialise_page, in its transaction: commit after the WAL flush after all (the page

@@ -322,7 +322,7 @@ REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;
 CREATE FUNCTION pgwork.materialise_page(
     coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
     after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
-    daemon_id text)
+    daemon_id text, aside bigint[])
 RETURNS TABLE (
     cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
     notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
@@ -366,6 +366,7 @@ BEGIN
            AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
            AND (coalesce(r.next_fire_at, r.due_at), r.id)
                > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+           AND NOT r.id = ANY (materialise_page.aside)
          ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
          LIMIT materialise_page.page_limit
            FOR UPDATE OF r SKIP LOCKED
