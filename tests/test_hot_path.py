@@ -427,7 +427,7 @@ async def test_a_page_reads_only_the_tombstones_of_what_it_pages(
     params = {
         "coordinate": True, "cutoff": None, "lookahead": timedelta(0), "after_at": None,
         "after_id": 0, "limit": 1000, "origin": "d1", "take": take,
-        "lease": timedelta(seconds=60), "daemon_id": "d1",
+        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [],
     }  # fmt: skip
     async with await db.connect(dsn) as daemon:
         for _ in range(2):  # a connection's first page plans the function's statements

@@ -279,6 +279,19 @@ async def test_preview_gives_n_deadlines_when_many_fall_in_dst_gaps(
     assert sparse[-1][0] == "2125-06-01 09:00"
 
 
+async def test_a_count_past_the_100_year_horizon_is_refused_whatever_the_interval(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Every seventh year from 2027: the 15th deadline (2125) is within 100 years, the 16th
+    (2132) is not. COUNT=16 was accepted: the search's last window (28 years wide) looked past
+    the horizon."""
+    got = await preview(conn, "FREQ=YEARLY;INTERVAL=7;COUNT=15", "2027-06-01 09:00", "UTC", 20)
+    assert len(got) == 15 and got[-1][0] == "2125-06-01 09:00"
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await preview(conn, "FREQ=YEARLY;INTERVAL=7;COUNT=16", "2027-06-01 09:00", "UTC", 20)
+    assert "the rule has 15 occurrences in the 100 years" in (info.value.diag.message_primary or "")
+
+
 # -- against the reference implementation ------------------------------------------------------
 
 DAYS = ["MO", "TU", "WE", "TH", "FR", "SA", "SU"]

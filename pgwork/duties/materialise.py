@@ -262,7 +262,9 @@ async def run_once(
         except BaseException as e:
             for c, req in asked:
                 c.page_claimed(req, None, p0)
-            if aside is None or not isinstance(e, ONE_ROWS_DOING):
+            # A page that claimed may have failed for its claims: that is the caller's to
+            # handle (claims in pages go off for a while); its next page claims nothing.
+            if aside is None or asked or not isinstance(e, ONE_ROWS_DOING):
                 raise
             failed = True
             if limit > 1:
