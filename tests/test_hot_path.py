@@ -424,7 +424,7 @@ async def test_a_page_reads_only_the_tombstones_of_what_it_pages(
     for i in range(3):
         await add(conn, f"k{i}", "now() - interval '1 second'")
     take = json.dumps([{"channel": "test", "room": 10, "expire_after_s": None}])
-    params = {
+    params: dict[str, Any] = {
         "coordinate": True, "cutoff": None, "lookahead": timedelta(0), "after_at": None,
         "after_id": 0, "limit": 1000, "origin": "d1", "take": take,
         "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [],
