@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
@@ -169,3 +170,66 @@ async def test_another_apps_reminder_is_delivered_on_time_whatever_one_app_does(
         late = max(time.time() - due, 0.0)
         assert late < BOUND, f"delivered {late:.1f}s after its due time"
     assert [d.business_key for d in sink.DELIVERED].count("the-one") == 1
+
+
+async def test_outcomes_of_other_apps_are_recorded_while_one_flush_waits_on_a_lock(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """One app's delivered webhook cannot be recorded: another session holds its work row (an
+    operator's `SELECT … FOR UPDATE`, or any lock its outcome needs). Another app's eight
+    webhooks, answered 200 meanwhile, are recorded within a few seconds all the same; they
+    stayed `claimed`, with no ledger row, until the first lock went (a crash then would have
+    sent them again). The held one is recorded once the lock goes."""
+    import threading
+
+    from .helpers import webhook_channel
+    from .receiver import Answer, Receiver
+
+    hold = threading.Event()
+    script = lambda r: Answer(hold=hold) if r.body["business_key"] == "held" else Answer()  # noqa: E731
+    with Receiver(script) as receiver:
+        cfg = config(webhook_channel(receiver.url), lease=30.0)
+        async with running(cfg, dsn):
+            await conn.execute(
+                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                "VALUES ('first', 'held', now(), 'hook', 'r')"
+            )
+            await anyio.to_thread.run_sync(receiver.wait_for, 1)
+            async with await psycopg.AsyncConnection.connect(dsn) as ops:
+                await ops.execute(
+                    "SELECT 1 FROM pgwork.renewal_work WHERE business_key = 'held' FOR UPDATE"
+                )
+                hold.set()  # answered: its outcome now waits for the lock
+                await anyio.sleep(0.3)
+                await conn.execute(
+                    "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                    "SELECT 'other', 'k' || g, now(), 'hook', 'r' FROM generate_series(1, 8) g"
+                )
+                await anyio.to_thread.run_sync(receiver.wait_for, 9)
+                answered = time.time()
+
+                async def recorded() -> bool:
+                    got = await rows(
+                        conn,
+                        "SELECT count(*) AS n FROM pgwork.renewal_work w JOIN pgwork.attempt a "
+                        "ON a.work_id = w.id WHERE w.source = 'other' AND w.status = 'delivered'",
+                    )
+                    return bool(got[0]["n"] == 8)
+
+                await until(recorded, timeout=30, what="the other app's outcomes")
+                late = time.time() - answered
+                held = await rows(
+                    conn, "SELECT status FROM pgwork.renewal_work WHERE business_key = 'held'"
+                )
+                await ops.rollback()
+            assert late < BOUND, f"recorded {late:.1f}s after the receiver answered"
+            assert held[0]["status"] == "claimed"  # its lock was still held then
+
+            async def held_recorded() -> bool:
+                got = await rows(
+                    conn, "SELECT status FROM pgwork.renewal_work WHERE business_key = 'held'"
+                )
+                return bool(got[0]["status"] == "delivered")
+
+            await until(held_recorded, timeout=30, what="the held one, once the lock went")
+    assert receiver.keys() and set(receiver.keys().values()) == {1}
