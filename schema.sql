@@ -1632,9 +1632,18 @@ BEGIN
                                                      d.recur_skip, d.recur_until, d.series_from, d.planned_at)
                END AS latest_missed
           FROM due d
+         -- Only the entries whose sends can fall in the range count (a send is never more than
+         -- a day, for DST, before its deadline minus its entry, and no deadline is before the
+         -- series' start): long before the start, only the longest entries have sends.
          CROSS JOIN LATERAL (
-               SELECT make_interval(secs => 86400.0 * greatest(16, materialise_series.budget / cardinality(materialise_series.ids))
-                                           / (cardinality(d.remind_before) * d.density)) AS step) AS s
+               SELECT greatest(16, materialise_series.budget / cardinality(materialise_series.ids))::float8
+                        / d.density AS one_entry_days) AS o
+         CROSS JOIN LATERAL (
+               SELECT make_interval(secs => 86400.0 * o.one_entry_days
+                                           / greatest(1, (SELECT count(*) FROM unnest(d.remind_before) AS b(before)
+                                                           WHERE d.series_from - b.before - interval '1 day'
+                                                                 < d.next_fire_at + make_interval(secs => 86400.0 * o.one_entry_days))))
+                        AS step) AS s
     ), windows AS MATERIALIZED (
         -- Per series and remind_before entry: the local deadlines whose send of that entry may
         -- fall between the series' progress (never before its start) and upto, a day more each
