@@ -1609,69 +1609,84 @@ BEGIN
                r.recur_version, materialise_series.cutoff AS cutoff, ch.catch_up,
                least(coalesce((r.recur_rule->>'until')::timestamp, 'infinity'),
                      coalesce(r.recur_until, 'infinity')) AS last_local,
-               -- The rule's deadlines a day, at most; its times of day; its period.
-               pgwork.recur_density(r.recur_rule) AS density,
-               cardinality(pgwork.recur_list(r.recur_rule, 'byhour'))
-                 * cardinality(pgwork.recur_list(r.recur_rule, 'byminute')) AS times,
                (r.recur_rule->>'interval')::integer
                  * CASE r.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
-                                              WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS span
+                                              WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS span,
+               greatest(16, materialise_series.budget / cardinality(materialise_series.ids))::float8 AS share
           FROM pgwork.reminder r
           LEFT JOIN pgwork.channel ch ON ch.name = r.channel
          WHERE r.id = ANY (materialise_series.ids) AND r.recur_rule IS NOT NULL
+    ), rules AS MATERIALIZED (
+        -- Per distinct rule (a page of rent series has one): its deadlines a day at most, and its
+        -- times of day.
+        SELECT x.recur_rule, pgwork.recur_density(x.recur_rule) AS density,
+               cardinality(pgwork.recur_list(x.recur_rule, 'byhour'))
+                 * cardinality(pgwork.recur_list(x.recur_rule, 'byminute')) AS times
+          FROM (SELECT DISTINCT d.recur_rule FROM due d) AS x
     ), reach AS MATERIALIZED (
         -- How far in fire time this page goes for a series (upto): to the cutoff, or as far as
         -- its share of sends reaches at the rule's density, when that is short of the cutoff.
-        -- The probe past the cutoff looks for the next deadline: a period of the rule (which has
-        -- one then if it has one every period), two days for a rule with many times a day.
+        -- Only the entries whose sends can fall in the range count (a send is never more than a
+        -- day, for DST, before its deadline minus its entry, and no deadline is before the
+        -- series' start): long before the start, only the longest entries have sends. The probe
+        -- past the cutoff looks for the next deadline: a period of the rule (which has one then
+        -- if it has one every period), two days for a rule with many times a day.
         SELECT d.*, s.step, d.next_fire_at + s.step < d.cutoff AS unfinished,
                least(d.cutoff, d.next_fire_at + s.step) AS upto,
-               least(d.span, greatest(interval '2 days', make_interval(days => 1440 / d.times))) AS probe,
+               least(d.span, greatest(interval '2 days', make_interval(days => 1440 / u.times))) AS probe,
                CASE WHEN d.catch_up = 'latest' AND d.next_fire_at < d.planned_at
                     THEN pgwork.series_latest_missed(d.recur_rule, d.due_local, d.due_tz, d.remind_before,
                                                      d.recur_skip, d.recur_until, d.series_from, d.planned_at)
                END AS latest_missed
           FROM due d
-         -- Only the entries whose sends can fall in the range count (a send is never more than
-         -- a day, for DST, before its deadline minus its entry, and no deadline is before the
-         -- series' start): long before the start, only the longest entries have sends.
+          JOIN rules u ON u.recur_rule = d.recur_rule
+         CROSS JOIN LATERAL (SELECT make_interval(secs => 86400.0 * d.share / u.density) AS one) AS o
          CROSS JOIN LATERAL (
-               SELECT greatest(16, materialise_series.budget / cardinality(materialise_series.ids))::float8
-                        / d.density AS one_entry_days) AS o
-         CROSS JOIN LATERAL (
-               SELECT make_interval(secs => 86400.0 * o.one_entry_days
-                                           / greatest(1, (SELECT count(*) FROM unnest(d.remind_before) AS b(before)
-                                                           WHERE d.series_from - b.before - interval '1 day'
-                                                                 < d.next_fire_at + make_interval(secs => 86400.0 * o.one_entry_days))))
-                        AS step) AS s
+               SELECT CASE WHEN d.next_fire_at + o.one / cardinality(d.remind_before) >= d.cutoff
+                           THEN o.one  -- not short of the cutoff, whichever entries count
+                           ELSE o.one / greatest(1, (SELECT count(*) FROM unnest(d.remind_before) AS b(before)
+                                                      WHERE d.series_from - b.before - interval '1 day'
+                                                            < d.next_fire_at + o.one)) END AS step) AS s
     ), windows AS MATERIALIZED (
-        -- Per series and remind_before entry: the local deadlines whose send of that entry may
-        -- fall between the series' progress (never before its start) and upto, a day more each
-        -- side for DST, and the probe when the page goes to the cutoff.
-        SELECT r.id, r.recur_rule, r.due_local, r.due_tz, b.before, r.recur_skip, r.series_from, r.last_local,
-               greatest((r.next_fire_at AT TIME ZONE r.due_tz) + b.before,
+        -- The local deadlines whose sends may fall between the series' progress (never before its
+        -- start) and upto, a day more each side for DST, and the probe when the page goes to the
+        -- cutoff: one window for all its remind_before entries when they lie close together (no
+        -- further apart than the probe: rent's {7 days, 0}), so each deadline is evaluated once;
+        -- one per entry when they are far apart, so that sends a year ahead of their deadlines
+        -- cost no more than sends at them.
+        SELECT r.id, r.recur_rule, r.due_local, r.due_tz, e.befores, e.longest, r.recur_skip, r.series_from,
+               r.last_local,
+               greatest((r.next_fire_at AT TIME ZONE r.due_tz) + e.shortest,
                         r.series_from AT TIME ZONE r.due_tz) - interval '1 day' AS lo,
-               (r.upto AT TIME ZONE r.due_tz) + b.before
+               (r.upto AT TIME ZONE r.due_tz) + e.longest
                  + CASE WHEN r.unfinished THEN interval '1 day' ELSE r.probe END AS hi
           FROM reach r
-         CROSS JOIN LATERAL unnest(r.remind_before) AS b(before)
+         CROSS JOIN LATERAL (SELECT min(x) AS shortest, max(x) AS longest FROM unnest(r.remind_before) AS x) AS m
+         CROSS JOIN LATERAL (
+               SELECT r.remind_before AS befores, m.shortest, m.longest
+                WHERE m.longest - m.shortest <= r.probe
+               UNION ALL
+               SELECT ARRAY[x], x, x
+                 FROM unnest(r.remind_before) AS x
+                WHERE m.longest - m.shortest > r.probe) AS e
     ), keyed AS MATERIALIZED (
         -- What a window's deadlines depend on. With INTERVAL=1 and a window after the first
         -- deadline, the first deadline does not matter (every period is kept; the rule's parts
         -- were completed from it when it was compiled): the key says so with -infinity, and such
-        -- series of one rule, one zone, one entry and one window share one evaluation below.
-        SELECT w.id, w.recur_rule, w.due_tz, w.before, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip,
+        -- series of one rule, one zone, one window and its entries share one evaluation below.
+        SELECT w.id, w.recur_rule, w.due_tz, w.befores, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip,
                w.series_from,
                CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
                     THEN '-infinity' ELSE w.due_local END AS anchor
           FROM windows w
     ), evaluated AS MATERIALIZED (
         -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant), with the
-        -- instant of its entry's send: on rent day, a million series of "the 1st at 09:00
-        -- Berlin" cost one evaluation per entry and page.
-        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.before, x.dl, x.deadline_at,
-               pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, e.before) AS fire_at
-          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.before FROM keyed k) AS e
+        -- instants of its entries' sends (in the order of befores): on rent day, a million series
+        -- of "the 1st at 09:00 Berlin" cost one evaluation per page.
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.befores, x.dl, x.deadline_at,
+               ARRAY(SELECT pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, b.before)
+                       FROM unnest(e.befores) WITH ORDINALITY AS b(before, i) ORDER BY b.i) AS fire_ats
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.befores FROM keyed k) AS e
          CROSS JOIN LATERAL (
                SELECT r.dl, pgwork.local_to_instant(r.dl, e.due_tz) AS deadline_at
                  FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
@@ -1681,23 +1696,24 @@ BEGIN
         -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
         -- of the series) are one: the one not shifted. (No join with due here: estimated at a
         -- few rows, it was made a nested loop, a page's series times its deadlines.)
-        SELECT DISTINCT ON (k.id, k.before, e.deadline_at) k.id, k.before, e.dl, e.deadline_at, e.fire_at
+        SELECT DISTINCT ON (k.id, k.befores, e.deadline_at) k.id, k.befores, e.dl, e.deadline_at, e.fire_ats
           FROM keyed k
           JOIN evaluated e
             ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi
-           AND e.anchor = k.anchor AND e.before = k.before
+           AND e.anchor = k.anchor AND e.befores = k.befores
          WHERE e.dl <> ALL (coalesce(k.recur_skip, '{}')) AND e.deadline_at >= k.series_from
-         ORDER BY k.id, k.before, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
+         ORDER BY k.id, k.befores, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
     ), occ AS MATERIALIZED (
         -- Each deadline x remind_before entry; the channel's catch_up judges the sends that fired
         -- before the series was written or last edited (never a deadline before it: history).
-        SELECT r.id, r.source, r.business_key, k.deadline_at AS due_at, r.channel, k.before,
-               r.next_fire_at AS progress, k.fire_at, r.planned_at, r.cutoff, r.upto, r.unfinished,
+        SELECT r.id, r.source, r.business_key, k.deadline_at AS due_at, r.channel, b.before,
+               r.next_fire_at AS progress, b.fire_at, r.planned_at, r.cutoff, r.upto, r.unfinished,
                r.traceparent, r.tracestate, k.dl, r.recur_version, r.catch_up,
-               pgwork.skipped_by_catch_up(r.catch_up, k.fire_at, r.planned_at,
+               pgwork.skipped_by_catch_up(r.catch_up, b.fire_at, r.planned_at,
                                           CASE WHEN r.catch_up = 'latest' THEN r.latest_missed END) AS skip
           FROM deadlines k
           JOIN reach r ON r.id = k.id
+         CROSS JOIN LATERAL unnest(k.befores, k.fire_ats) AS b(before, fire_at)
     ), made AS (
         -- A series' occurrences, identified by their local deadline (work_series_occurrence_unique),
         -- so a zone edit or a time zone data update never makes a second one. A tombstone of the
@@ -1748,7 +1764,7 @@ BEGIN
                     ELSE least(f.next_at, b.bound) END AS next_fire_at
           FROM reach r
           JOIN (SELECT w.id, bool_and(w.hi >= w.last_local) AS ended,
-                       min(pgwork.local_to_instant(w.hi - w.before, w.due_tz)) - interval '1 day' AS bound
+                       min(pgwork.local_to_instant(w.hi - w.longest, w.due_tz)) - interval '1 day' AS bound
                   FROM windows w
                  GROUP BY w.id) AS b ON b.id = r.id
           LEFT JOIN (SELECT o.id, min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff) AS next_at
