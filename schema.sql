@@ -683,6 +683,7 @@ RETURNS SETOF timestamp LANGUAGE sql STABLE PARALLEL SAFE AS $$
                pgwork.recur_list(rule, 'byminute') AS byminute,
                greatest(lo, dtstart) AS lo,
                least(hi, coalesce((rule->>'until')::timestamp, 'infinity')) AS hi,
+               (rule->>'until_at')::timestamptz AS until_at, rule->>'tz' AS tz,
                CASE rule->>'freq' WHEN 'DAILY' THEN interval '1 day' WHEN 'WEEKLY' THEN interval '7 days'
                                   WHEN 'MONTHLY' THEN interval '1 month' ELSE interval '1 year' END AS unit
     ), bounds AS MATERIALIZED (
@@ -758,6 +759,8 @@ RETURNS SETOF timestamp LANGUAGE sql STABLE PARALLEL SAFE AS $$
       FROM ranked k, w
      WHERE k.t BETWEEN w.lo AND w.hi
        AND (cardinality(w.bysetpos) = 0 OR k.pos = ANY (w.bysetpos) OR k.pos - k.n - 1 = ANY (w.bysetpos))
+       -- An UNTIL in UTC bounds the instant (its local bound, above, is a day later).
+       AND (w.until_at IS NULL OR pgwork.local_to_instant(k.t, w.tz) <= w.until_at)
      ORDER BY k.t
 $$;
 COMMENT ON FUNCTION pgwork.recur_between(jsonb, timestamp, timestamp, timestamp) IS
@@ -797,8 +800,8 @@ CREATE FUNCTION pgwork.recur_rule(recur text, dtstart timestamp, tz text) RETURN
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 -- The rule as pgwork evaluates it, anchored at its first deadline dtstart (local, in tz):
 --   {freq, interval, wkst, second, bymonth, bymonthday, bydayn, bydaywd, bysetpos, byhour,
---    byminute, count, until}
--- with RFC 5545's defaults taken from dtstart (the time of day; the weekday of a WEEKLY rule;
+--    byminute, count, until[, until_at, tz]}
+-- (until_at and tz for an UNTIL in UTC, which bounds the instant) with RFC 5545's defaults taken from dtstart (the time of day; the weekday of a WEEKLY rule;
 -- the day of a MONTHLY one; the day and month of a YEARLY one). A rule that cannot be right is
 -- refused here, naming the column. (pgwork.recur_compile also checks dtstart against it.)
 DECLARE
@@ -813,6 +816,7 @@ DECLARE
     ival  integer := 1;
     cnt   integer;
     until timestamp;
+    until_at timestamptz;
     bymonth integer[] := '{}';
     bymonthday integer[] := '{}';
     bydayn integer[] := '{}';
@@ -881,7 +885,12 @@ BEGIN
                 PERFORM pgwork.recur_error(format('recur UNTIL=%s is not a valid date', val));
             END IF;
             IF m[4] = 'Z' THEN
-                until := (until AT TIME ZONE 'UTC') AT TIME ZONE tz;
+                -- In UTC, UNTIL bounds the instant (RFC 5545): a deadline is in the series when
+                -- its instant is at or before it (recur_between compares them). The local bound
+                -- kept with it is a day later: around a DST change a deadline whose instant is in
+                -- may have a later local time than UNTIL's (00:30 twice in an overlap: the earlier).
+                until_at := until AT TIME ZONE 'UTC';
+                until := (until_at AT TIME ZONE tz) + interval '1 day';
             END IF;
         WHEN 'BYMONTH' THEN
             bymonth := pgwork.recur_ints('BYMONTH', val, 1, 12, false);
@@ -948,8 +957,10 @@ BEGIN
         PERFORM pgwork.recur_error('recur BYSETPOS needs BYDAY, BYMONTHDAY or BYMONTH',
             'BYSETPOS picks among the candidates the other BY parts give a period.');
     END IF;
-    IF until IS NOT NULL AND until < dtstart THEN
-        PERFORM pgwork.recur_error(format('recur UNTIL %s is before due_local %s', until, dtstart));
+    IF (until_at IS NOT NULL AND until_at < pgwork.local_to_instant(dtstart, tz))
+       OR (until_at IS NULL AND until < dtstart) THEN
+        PERFORM pgwork.recur_error(format('recur UNTIL %s is before due_local %s',
+            coalesce(to_char(until_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"'), until::text), dtstart));
     END IF;
 
     -- RFC 5545's defaults, from the first deadline.
@@ -974,6 +985,9 @@ BEGIN
         'byhour', to_jsonb(coalesce(byhour, ARRAY[extract(hour FROM dtstart)::integer])),
         'byminute', to_jsonb(coalesce(byminute, ARRAY[extract(minute FROM dtstart)::integer])),
         'count', cnt, 'until', until);
+    IF until_at IS NOT NULL THEN
+        rule := rule || jsonb_build_object('until_at', until_at, 'tz', tz);
+    END IF;
     RETURN rule;
 END
 $$;

@@ -140,7 +140,7 @@ async def test_until_and_count_end_a_series(conn: psycopg.AsyncConnection[Any]) 
         conn, weekdays + ";UNTIL=20271231T235900", "2027-12-20 08:30", "America/New_York", 20
     )
     assert len(got) == 10 and got[-1] == utc("2027-12-31 13:30")
-    # UNTIL in UTC is read in the series' zone: 23:59Z is 18:59 in New York.
+    # UNTIL in UTC bounds the instant: 23:59Z is 18:59 in New York.
     assert (
         await instants(
             conn, weekdays + ";UNTIL=20271231T235900Z", "2027-12-20 08:30", "America/New_York", 20
@@ -290,6 +290,33 @@ async def test_a_count_past_the_100_year_horizon_is_refused_whatever_the_interva
     with pytest.raises(psycopg.errors.CheckViolation) as info:
         await preview(conn, "FREQ=YEARLY;INTERVAL=7;COUNT=16", "2027-06-01 09:00", "UTC", 20)
     assert "the rule has 15 occurrences in the 100 years" in (info.value.diag.message_primary or "")
+
+
+async def test_until_in_utc_bounds_the_instant_around_a_dst_change(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """RFC 5545 (and dateutil) bound a deadline's instant by UNTIL=…Z; pgwork bounded its local
+    time by UNTIL's local time, one occurrence too few or too many around a DST change. Havana
+    turns its clocks back from 01:00 to 00:00 on 7 November 2027: 00:30 happens twice, taken at
+    the earlier instant (04:30Z), before UNTIL 05:10Z (00:10 of the second pass), so it is in.
+    It turns them forward from 00:00 to 01:00 on 14 March 2027: 00:30 is shifted to 01:30 (05:30Z),
+    after UNTIL 05:10Z (01:10 local), so it is out."""
+    fall = await instants(
+        conn, "FREQ=DAILY;UNTIL=20271107T051000Z", "2027-11-05 00:30", "America/Havana"
+    )
+    assert fall[-1] == utc("2027-11-07 04:30") and len(fall) == 3
+    spring = await instants(
+        conn, "FREQ=DAILY;UNTIL=20270314T051000Z", "2027-03-12 00:30", "America/Havana"
+    )
+    assert spring[-1] == utc("2027-03-13 05:30") and len(spring) == 2
+    # An UNTIL instant before the first deadline's is refused, naming it as written.
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        await preview(
+            conn, "FREQ=DAILY;UNTIL=20271105T042900Z", "2027-11-05 00:30", "America/Havana"
+        )
+    assert "UNTIL 2027-11-05 04:29:00Z is before due_local" in (
+        info.value.diag.message_primary or ""
+    )
 
 
 # -- against the reference implementation ------------------------------------------------------

@@ -20,7 +20,8 @@
 --   * NULL in recur_skip is refused naming recur_skip (a series with one made nothing, silently);
 --     existing NULLs are dropped. recur_preview names a NULL argument, gives n deadlines when
 --     many fall in DST gaps, and none past its 100-year horizon (recur_upcoming);
---     reminder_status shows a dense series' next deadline.
+--     reminder_status shows a dense series' next deadline. An UNTIL in UTC bounds the instant
+--     (recur_rule, recur_between): series with one are compiled again.
 -- Upgrade as always: stop the daemons, `pgwork migrate`, start the new version.
 
 CREATE INDEX retired_series_deadline ON pgwork.retired (deadline) WHERE deadline_local IS NOT NULL;
@@ -782,6 +783,305 @@ SELECT r.source, r.business_key, k.deadline, b.before AS remind_before,
 -- the NULLs are dropped, which restarts each such series from now, as any edit does.
 UPDATE pgwork.reminder SET recur_skip = array_remove(recur_skip, NULL)
  WHERE array_position(recur_skip, NULL) IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION pgwork.recur_rule(recur text, dtstart timestamp, tz text) RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+-- The rule as pgwork evaluates it, anchored at its first deadline dtstart (local, in tz):
+--   {freq, interval, wkst, second, bymonth, bymonthday, bydayn, bydaywd, bysetpos, byhour,
+--    byminute, count, until[, until_at, tz]}
+-- (until_at and tz for an UNTIL in UTC, which bounds the instant) with RFC 5545's defaults taken from dtstart (the time of day; the weekday of a WEEKLY rule;
+-- the day of a MONTHLY one; the day and month of a YEARLY one). A rule that cannot be right is
+-- refused here, naming the column. (pgwork.recur_compile also checks dtstart against it.)
+DECLARE
+    names constant text[] := '{MO,TU,WE,TH,FR,SA,SU}';
+    parts constant text := 'pgwork takes FREQ, INTERVAL, BYMONTH, BYMONTHDAY, BYDAY, BYSETPOS, BYHOUR, BYMINUTE, WKST, COUNT and UNTIL.';
+    body  text;
+    part  text;
+    key   text;
+    val   text;
+    seen  text[] := '{}';
+    freq  text;
+    ival  integer := 1;
+    cnt   integer;
+    until timestamp;
+    until_at timestamptz;
+    bymonth integer[] := '{}';
+    bymonthday integer[] := '{}';
+    bydayn integer[] := '{}';
+    bydaywd integer[] := '{}';
+    byday_text text;
+    byday_seen integer[] := '{}';  -- ordinal * 8 + weekday: each BYDAY entry once
+    bysetpos integer[] := '{}';
+    byhour integer[];
+    byminute integer[];
+    wkst integer := 1;
+    item text;
+    m text[];
+    rule jsonb;
+BEGIN
+    IF dtstart IS NULL OR tz IS NULL THEN
+        PERFORM pgwork.recur_error('recur needs due_local and due_tz (the first deadline and its zone)',
+                                   'Use due_tz = ''UTC'' for a series in UTC.', 'due_local');
+    END IF;
+    body := regexp_replace(btrim(recur), '^RRULE:', '', 'i');
+    IF body = '' THEN
+        PERFORM pgwork.recur_error('recur is empty', 'Write e.g. ''FREQ=MONTHLY;BYMONTHDAY=1'', or leave recur NULL.');
+    END IF;
+    FOREACH part IN ARRAY string_to_array(body, ';') LOOP
+        CONTINUE WHEN btrim(part) = '';
+        IF position('=' IN part) = 0 THEN
+            PERFORM pgwork.recur_error(format('recur part "%s" is not NAME=VALUE', part));
+        END IF;
+        key := upper(btrim(split_part(part, '=', 1)));
+        val := upper(btrim(substr(part, position('=' IN part) + 1)));
+        IF key = ANY (seen) THEN
+            PERFORM pgwork.recur_error(format('recur gives %s twice', key));
+        END IF;
+        seen := seen || key;
+        IF val = '' THEN
+            PERFORM pgwork.recur_error(format('recur %s has no value', key));
+        END IF;
+        CASE key
+        WHEN 'FREQ' THEN
+            IF val IN ('SECONDLY', 'MINUTELY', 'HOURLY') THEN
+                PERFORM pgwork.recur_error(format('recur has FREQ=%s; pgwork recurs DAILY, WEEKLY, MONTHLY or YEARLY', val),
+                    'A reminder is a deadline, not a job: give several times a day with BYHOUR and BYMINUTE.');
+            ELSIF val NOT IN ('DAILY', 'WEEKLY', 'MONTHLY', 'YEARLY') THEN
+                PERFORM pgwork.recur_error(format('recur FREQ=%s is not DAILY, WEEKLY, MONTHLY or YEARLY', val));
+            END IF;
+            freq := val;
+        WHEN 'INTERVAL', 'COUNT' THEN
+            IF val LIKE '%,%' THEN
+                PERFORM pgwork.recur_error(format('recur %s takes one number', key));
+            END IF;
+            IF key = 'INTERVAL' THEN
+                ival := (pgwork.recur_ints('INTERVAL', val, 1, 1000, false))[1];
+            ELSE
+                cnt := (pgwork.recur_ints('COUNT', val, 1, 1000, false))[1];
+            END IF;
+        WHEN 'UNTIL' THEN
+            m := regexp_match(val, '^([0-9]{8})(T([0-9]{6})(Z?))?$');
+            IF m IS NULL THEN
+                PERFORM pgwork.recur_error(format('recur UNTIL=%s is neither a date (YYYYMMDD) nor a time (YYYYMMDDTHHMMSS, local; with Z, UTC)', val));
+            END IF;
+            BEGIN
+                until := to_timestamp(m[1] || coalesce(m[3], '235959'), 'YYYYMMDDHH24MISS')::timestamp;
+            EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow THEN
+                until := NULL;
+            END;
+            IF until IS NULL OR to_char(until, 'YYYYMMDDHH24MISS') <> m[1] || coalesce(m[3], '235959') THEN
+                PERFORM pgwork.recur_error(format('recur UNTIL=%s is not a valid date', val));
+            END IF;
+            IF m[4] = 'Z' THEN
+                -- In UTC, UNTIL bounds the instant (RFC 5545): a deadline is in the series when
+                -- its instant is at or before it (recur_between compares them). The local bound
+                -- kept with it is a day later: around a DST change a deadline whose instant is in
+                -- may have a later local time than UNTIL's (00:30 twice in an overlap: the earlier).
+                until_at := until AT TIME ZONE 'UTC';
+                until := (until_at AT TIME ZONE tz) + interval '1 day';
+            END IF;
+        WHEN 'BYMONTH' THEN
+            bymonth := pgwork.recur_ints('BYMONTH', val, 1, 12, false);
+        WHEN 'BYMONTHDAY' THEN
+            bymonthday := pgwork.recur_ints('BYMONTHDAY', val, 1, 31, true);
+        WHEN 'BYSETPOS' THEN
+            bysetpos := pgwork.recur_ints('BYSETPOS', val, 1, 366, true);
+        WHEN 'BYHOUR' THEN
+            byhour := pgwork.recur_ints('BYHOUR', val, 0, 23, false);
+        WHEN 'BYMINUTE' THEN
+            byminute := pgwork.recur_ints('BYMINUTE', val, 0, 59, false);
+        WHEN 'WKST' THEN
+            wkst := array_position(names, val);
+            IF wkst IS NULL THEN
+                PERFORM pgwork.recur_error(format('recur WKST=%s is not a weekday (MO, TU, WE, TH, FR, SA, SU)', val));
+            END IF;
+        WHEN 'BYDAY' THEN
+            byday_text := val;
+            FOREACH item IN ARRAY string_to_array(val, ',') LOOP
+                m := regexp_match(btrim(item), '^([+-]?[0-9]{1,2})?(MO|TU|WE|TH|FR|SA|SU)$');
+                IF m IS NULL OR m[1]::integer = 0 THEN
+                    PERFORM pgwork.recur_error(format('recur BYDAY has "%s", not a weekday with an optional ordinal (MO, -1FR, 2TU)', item));
+                END IF;
+                IF NOT coalesce(m[1]::integer, 0) * 8 + array_position(names, m[2]) = ANY (byday_seen) THEN
+                    byday_seen := byday_seen || (coalesce(m[1]::integer, 0) * 8 + array_position(names, m[2]));
+                    bydayn := bydayn || coalesce(m[1]::integer, 0);
+                    bydaywd := bydaywd || array_position(names, m[2]);
+                END IF;
+            END LOOP;
+        WHEN 'BYWEEKNO', 'BYYEARDAY', 'BYSECOND', 'BYEASTER', 'RSCALE', 'SKIP' THEN
+            PERFORM pgwork.recur_error(format('recur part %s is not supported', key), parts);
+        ELSE
+            PERFORM pgwork.recur_error(format('recur has unknown part %s', key), parts);
+        END CASE;
+    END LOOP;
+
+    IF freq IS NULL THEN
+        PERFORM pgwork.recur_error('recur has no FREQ', 'Start the rule with FREQ=DAILY, WEEKLY, MONTHLY or YEARLY.');
+    END IF;
+    IF cnt IS NOT NULL AND until IS NOT NULL THEN
+        PERFORM pgwork.recur_error('recur gives both COUNT and UNTIL', 'End a series by one of them.');
+    END IF;
+    -- (Array operators, not queries over unnest: each query is a statement started per insert.)
+    IF NOT bydayn <@ '{0}'::integer[] THEN
+        IF freq IN ('DAILY', 'WEEKLY') THEN
+            PERFORM pgwork.recur_error(format('recur BYDAY=%s has an ordinal, which needs FREQ=MONTHLY or YEARLY', byday_text),
+                'An ordinal counts in a month or a year; with FREQ=WEEKLY write the weekday alone.');
+        END IF;
+        IF 0 = ANY (bydayn) THEN
+            PERFORM pgwork.recur_error(format('recur BYDAY=%s mixes weekdays with and without an ordinal', byday_text),
+                'Use one kind per rule (or two reminders).');
+        END IF;
+        IF (freq = 'MONTHLY' OR cardinality(bymonth) > 0)
+           AND NOT bydayn <@ '{-5,-4,-3,-2,-1,1,2,3,4,5}'::integer[] THEN
+            PERFORM pgwork.recur_error(format('recur BYDAY=%s has an ordinal past 5 in a month', byday_text));
+        END IF;
+    END IF;
+    IF freq = 'WEEKLY' AND cardinality(bymonthday) > 0 THEN
+        PERFORM pgwork.recur_error('recur BYMONTHDAY cannot go with FREQ=WEEKLY (RFC 5545)',
+            'Use FREQ=MONTHLY with BYMONTHDAY, or FREQ=WEEKLY with BYDAY.');
+    END IF;
+    IF cardinality(bysetpos) > 0 AND cardinality(bymonth) = 0 AND cardinality(bymonthday) = 0
+       AND cardinality(bydaywd) = 0 AND byhour IS NULL AND byminute IS NULL THEN
+        PERFORM pgwork.recur_error('recur BYSETPOS needs BYDAY, BYMONTHDAY or BYMONTH',
+            'BYSETPOS picks among the candidates the other BY parts give a period.');
+    END IF;
+    IF (until_at IS NOT NULL AND until_at < pgwork.local_to_instant(dtstart, tz))
+       OR (until_at IS NULL AND until < dtstart) THEN
+        PERFORM pgwork.recur_error(format('recur UNTIL %s is before due_local %s',
+            coalesce(to_char(until_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"'), until::text), dtstart));
+    END IF;
+
+    -- RFC 5545's defaults, from the first deadline.
+    IF cardinality(bymonthday) = 0 AND cardinality(bydaywd) = 0 THEN
+        IF freq = 'YEARLY' THEN
+            IF cardinality(bymonth) = 0 THEN
+                bymonth := ARRAY[extract(month FROM dtstart)::integer];
+            END IF;
+            bymonthday := ARRAY[extract(day FROM dtstart)::integer];
+        ELSIF freq = 'MONTHLY' THEN
+            bymonthday := ARRAY[extract(day FROM dtstart)::integer];
+        ELSIF freq = 'WEEKLY' THEN
+            bydayn := '{0}';
+            bydaywd := ARRAY[extract(isodow FROM dtstart)::integer];
+        END IF;
+    END IF;
+    rule := jsonb_build_object(
+        'freq', freq, 'interval', ival, 'wkst', wkst,
+        'second', extract(second FROM dtstart),
+        'bymonth', to_jsonb(bymonth), 'bymonthday', to_jsonb(bymonthday),
+        'bydayn', to_jsonb(bydayn), 'bydaywd', to_jsonb(bydaywd), 'bysetpos', to_jsonb(bysetpos),
+        'byhour', to_jsonb(coalesce(byhour, ARRAY[extract(hour FROM dtstart)::integer])),
+        'byminute', to_jsonb(coalesce(byminute, ARRAY[extract(minute FROM dtstart)::integer])),
+        'count', cnt, 'until', until);
+    IF until_at IS NOT NULL THEN
+        rule := rule || jsonb_build_object('until_at', until_at, 'tz', tz);
+    END IF;
+    RETURN rule;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgwork.recur_between(rule jsonb, dtstart timestamp, lo timestamp, hi timestamp)
+RETURNS SETOF timestamp LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    -- The occurrences of a compiled rule (pgwork.recur_compile) anchored at dtstart, as local
+    -- wall-clock times in [lo, hi], in order. Every period (of FREQ, INTERVAL apart from
+    -- dtstart's) that overlaps the window is taken whole, so BYSETPOS ranks all of a period's
+    -- candidates; its days are matched against the BY parts and crossed with the times of day.
+    WITH r AS MATERIALIZED (
+        SELECT rule->>'freq' AS freq, (rule->>'interval')::integer AS ival,
+               (rule->>'wkst')::integer AS wkst, (rule->>'second')::float8 AS sec,
+               pgwork.recur_list(rule, 'bymonth') AS bymonth,
+               pgwork.recur_list(rule, 'bymonthday') AS bymonthday,
+               pgwork.recur_list(rule, 'bydayn') AS bydayn,
+               pgwork.recur_list(rule, 'bydaywd') AS bydaywd,
+               pgwork.recur_list(rule, 'bysetpos') AS bysetpos,
+               pgwork.recur_list(rule, 'byhour') AS byhour,
+               pgwork.recur_list(rule, 'byminute') AS byminute,
+               greatest(lo, dtstart) AS lo,
+               least(hi, coalesce((rule->>'until')::timestamp, 'infinity')) AS hi,
+               (rule->>'until_at')::timestamptz AS until_at, rule->>'tz' AS tz,
+               CASE rule->>'freq' WHEN 'DAILY' THEN interval '1 day' WHEN 'WEEKLY' THEN interval '7 days'
+                                  WHEN 'MONTHLY' THEN interval '1 month' ELSE interval '1 year' END AS unit
+    ), bounds AS MATERIALIZED (
+        SELECT r.*, pgwork.recur_period(r.freq, r.wkst, dtstart) AS first,
+               pgwork.recur_period(r.freq, r.wkst, r.lo) AS p_lo, pgwork.recur_period(r.freq, r.wkst, r.hi) AS p_hi
+          FROM r
+         WHERE r.lo <= r.hi
+    ), w AS MATERIALIZED (
+        -- recur_index's arguments are columns here: an argument it uses twice that is itself an
+        -- expression keeps the planner from inlining it, and each call then ran through the
+        -- SQL-function executor (most of a call's fixed cost).
+        SELECT b.*, pgwork.recur_index(b.freq, b.first, b.p_lo) AS k_lo,
+               pgwork.recur_index(b.freq, b.first, b.p_hi) AS k_hi
+          FROM bounds b
+    ), periods AS (
+        -- The periods INTERVAL keeps, from the first at or after the window's.
+        SELECT w.first + k * w.unit AS p
+          FROM w, generate_series(((greatest(w.k_lo, 0) + w.ival - 1) / w.ival) * w.ival, w.k_hi, w.ival) AS k
+    ), spans AS (
+        -- A YEARLY rule with BYMONTH looks only at those months.
+        SELECT p.p, s.s, s.e
+          FROM periods p, w
+         CROSS JOIN LATERAL (
+               SELECT p.p AS s, p.p + w.unit AS e
+                WHERE w.freq <> 'YEARLY' OR cardinality(w.bymonth) = 0
+               UNION ALL
+               SELECT p.p + (mo - 1) * interval '1 month', p.p + mo * interval '1 month'
+                 FROM unnest(w.bymonth) AS mo
+                WHERE w.freq = 'YEARLY') AS s
+    ), days AS (
+        SELECT s.p, d.d,
+               extract(day FROM d.d)::integer AS dom,
+               extract(day FROM date_trunc('month', d.d) + interval '1 month - 1 day')::integer AS mlen,
+               extract(doy FROM d.d)::integer AS doy,
+               extract(doy FROM date_trunc('year', d.d) + interval '1 year - 1 day')::integer AS ylen,
+               extract(isodow FROM d.d)::integer AS dow
+          FROM spans s, w
+         CROSS JOIN LATERAL (
+               -- With BYMONTHDAY, only the days it names can match: they are computed, month by
+               -- month (a 31st or a -31st that a month lacks is not a day of it), instead of
+               -- trying every day of the period (a monthly rule's period cost ~20 us that way).
+               SELECT DISTINCT x.d
+                 FROM generate_series(date_trunc('month', s.s), s.e - interval '1 day', interval '1 month') AS m(m)
+                CROSS JOIN unnest(w.bymonthday) AS md
+                CROSS JOIN LATERAL (SELECT CASE WHEN md > 0 THEN m.m + (md - 1) * interval '1 day'
+                                                ELSE m.m + interval '1 month' + md * interval '1 day' END AS d) AS x
+                WHERE cardinality(w.bymonthday) > 0
+                  AND date_trunc('month', x.d) = m.m AND x.d >= s.s AND x.d < s.e
+               UNION ALL
+               SELECT g FROM generate_series(s.s, s.e - interval '1 day', interval '1 day') AS g
+                WHERE cardinality(w.bymonthday) = 0) AS d(d)
+    ), matched AS (
+        SELECT d.p, d.d + make_interval(hours => h, mins => mi, secs => w.sec) AS t
+          FROM days d, w, unnest(w.byhour) AS h, unnest(w.byminute) AS mi
+         WHERE (cardinality(w.bymonth) = 0 OR extract(month FROM d.d)::integer = ANY (w.bymonth))
+           AND (cardinality(w.bymonthday) = 0 OR d.dom = ANY (w.bymonthday)
+                OR d.dom - d.mlen - 1 = ANY (w.bymonthday))
+           -- BYDAY: a weekday (n = 0), or its n-th (from the end when negative) in the month
+           -- (MONTHLY, or YEARLY with BYMONTH) or the year (YEARLY).
+           AND (cardinality(w.bydaywd) = 0
+                OR EXISTS (SELECT FROM unnest(w.bydayn, w.bydaywd) AS b(n, wd)
+                            WHERE b.wd = d.dow
+                              AND (b.n = 0
+                                   OR (CASE WHEN w.freq = 'MONTHLY' OR cardinality(w.bymonth) > 0
+                                            THEN b.n IN ((d.dom - 1) / 7 + 1, -((d.mlen - d.dom) / 7 + 1))
+                                            ELSE b.n IN ((d.doy - 1) / 7 + 1, -((d.ylen - d.doy) / 7 + 1)) END))))
+    ), ranked AS (
+        SELECT m.t, row_number() OVER (PARTITION BY m.p ORDER BY m.t) AS pos,
+               count(*) OVER (PARTITION BY m.p) AS n
+          FROM matched m
+    )
+    SELECT k.t
+      FROM ranked k, w
+     WHERE k.t BETWEEN w.lo AND w.hi
+       AND (cardinality(w.bysetpos) = 0 OR k.pos = ANY (w.bysetpos) OR k.pos - k.n - 1 = ANY (w.bysetpos))
+       -- An UNTIL in UTC bounds the instant (its local bound, above, is a day later).
+       AND (w.until_at IS NULL OR pgwork.local_to_instant(k.t, w.tz) <= w.until_at)
+     ORDER BY k.t
+$$;
+
+-- A series whose rule has an UNTIL in UTC is compiled again: UNTIL now bounds the instant.
+UPDATE pgwork.reminder SET recur_rule = pgwork.recur_compile(recur, due_local, due_tz)
+ WHERE recur ~* 'UNTIL=[0-9]{8}T[0-9]{6}Z';
 
 DO $$
 BEGIN
