@@ -11,7 +11,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .durations import parse_duration
+from .durations import parse_duration, say_duration
 
 
 class ConfigError(Exception):
@@ -671,6 +671,8 @@ def _convert(option: str, kind: str, value: Any) -> Any:
                 raise ValueError("expected a whole number")
             return value
         if kind == "duration":
+            if not isinstance(value, bool) and isinstance(value, int | float) and value == 0:
+                return 0.0  # a bare 0, as TOML writes it
             if isinstance(value, bool) or not isinstance(value, str):
                 raise ValueError("expected a duration string such as '5s' or '10m'")
             return parse_duration(value)
@@ -747,6 +749,11 @@ def _check(option: str, value: Any) -> None:
     if option in _LIMITS:
         lo, hi = _LIMITS[option]
         if not lo <= value <= hi:
+            if _OPTIONS[option][1] == "duration":
+                raise ConfigError(
+                    f"{option}: must be between {say_duration(lo)} and {say_duration(hi)} "
+                    f"(got {say_duration(value)!r})"
+                )
             raise ConfigError(f"{option}: must be between {lo:g} and {hi:g} (got {value!r})")
 
 
@@ -787,7 +794,10 @@ def _channel(
         v = _convert(label(key), declared_as.metadata["kind"], raw[key])
         lo, hi = declared_as.metadata["within"]
         if not lo <= v <= hi:
-            raise ConfigError(f"{label(key)}: must be between {lo:g} and {hi:g} (got {raw[key]!r})")
+            say = say_duration if declared_as.metadata["kind"] == "duration" else "{:g}".format
+            raise ConfigError(
+                f"{label(key)}: must be between {say(lo)} and {say(hi)} (got {raw[key]!r})"
+            )
         return v
 
     retry = RetryPolicy(

@@ -9,10 +9,13 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in ``text``; parts may be combined (``"1m30s"``). Raises ``ValueError``."""
+    """Seconds in ``text``; parts may be combined (``"1m30s"``); a bare ``0`` needs no unit.
+    Raises ``ValueError``."""
     s = text.strip().replace(" ", "")
     if not s:
         raise ValueError("empty duration")
+    if re.fullmatch(r"0+(\.0*)?", s):
+        return 0.0
     pos = 0
     total = 0.0
     for m in _PART.finditer(s):
@@ -33,3 +36,14 @@ def format_duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:g}m"
     return f"{seconds / 3600:g}h"
+
+
+def say_duration(seconds: float) -> str:
+    """``seconds`` in the largest unit that says it exactly (``3600`` -> ``1h``, ``0.05`` ->
+    ``50ms``): how a bound is told to an operator who writes durations."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        if seconds >= size and round(seconds / size, 9) == round(seconds / size):
+            return f"{round(seconds / size)}{unit}"
+    if seconds >= 1:
+        return f"{seconds:g}s"
+    return f"{seconds * 1000:g}ms"

@@ -175,6 +175,40 @@ async def test_psql_passes_its_arguments(dsn: str, conn: psycopg.AsyncConnection
     assert (r.returncode, r.stdout.strip()) == (0, "k"), r.stderr
 
 
+async def test_psql_gets_its_arguments_in_the_order_given(tmp_path: Path, dsn: str) -> None:
+    """Options after the query went first (`-c "SELECT 1" -At` ran `-At` as SQL), and
+    `-v ON_ERROR_STOP=1 -f q.sql` ran nothing and exited 0."""
+    r = pgwork("psql", "-X", "-c", "SELECT 1", "-At", dsn=dsn)
+    assert (r.returncode, r.stdout.strip()) == (0, "1"), r.stdout + r.stderr
+    q = tmp_path / "q.sql"
+    q.write_text("SELECT 40 + 2;\nSELECT nonsense;\n")
+    r = pgwork(
+        "--config", "/dev/null", "psql", "-X", "-v", "ON_ERROR_STOP=1", "-At", "-f", str(q), dsn=dsn
+    )
+    assert r.returncode == 3 and r.stdout.strip() == "42", r.stdout + r.stderr
+    assert "nonsense" in r.stderr
+
+
+def test_a_reader_that_goes_away_early_gets_no_traceback(dsn: str) -> None:
+    """`pgwork status | head -1`: the reader closes the pipe before status has printed all.
+    That printed a BrokenPipeError traceback (3 runs of 6); it is a quiet end, as for any
+    command line tool."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    for _ in range(3):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "pgwork", "status"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**e, "PGWORK_DSN": dsn},
+            cwd=ROOT,
+        )
+        assert p.stdout is not None and p.stderr is not None
+        p.stdout.close()  # gone before the first line
+        err = p.stderr.read().decode()
+        p.wait(60)
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
 
 

@@ -207,6 +207,37 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
+def test_zero_is_a_duration_where_zero_is_allowed(tmp_path: Path) -> None:
+    """The reference gives these options a lower bound of 0, and `0` was refused as "not a
+    duration" (only `0s` worked): a bare 0 needs no unit, in the file and the environment."""
+    cfg = load(
+        write(tmp_path, '[retention]\nkeep = "0"\ndead_keep = 0\n[daemon]\nshutdown_grace = "0"'),
+        env={"PGWORK_RETENTION_PAUSE": "0"},
+    )
+    assert (cfg.retention.keep, cfg.retention.dead_keep, cfg.retention.pause) == (0, 0, 0)
+    assert cfg.shutdown_grace == 0
+    with pytest.raises(ConfigError, match="not a duration"):
+        load(write(tmp_path, '[retention]\nkeep = "5"'), env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[materialiser]\ntick = "10ms"', "must be between 50ms and 1h (got '10ms')"),
+        (
+            '[channels.x]\nkind = "log"\nread_timeout = "1ms"',
+            "must be between 10ms and 1h (got '1ms')",
+        ),
+    ],
+)
+def test_bounds_are_said_in_the_units_of_durations(tmp_path: Path, text: str, message: str) -> None:
+    """ "between 0.05 and 3600 (got 0.01)": seconds, where the operator wrote '10ms'."""
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, text), env={})
+    assert message in str(info.value)
+    assert not re.search(r"between [0-9.]+ and [0-9.]+ \(", str(info.value)), str(info.value)
+
+
 @pytest.mark.parametrize("text", ["", "5", "5 parsecs", "s5", "1h 2x"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError):

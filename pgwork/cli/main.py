@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -186,20 +187,40 @@ def _explain(e: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def _psql_split(argv: Sequence[str]) -> int | None:
+    """Where `psql` is the command (skipping the value of --config): everything after it goes
+    to psql as written, in its order (but a first -h or --help: pgwork's help for it)."""
+    for i, tok in enumerate(argv):
+        if tok == "psql" and (i == 0 or argv[i - 1] != "--config"):
+            return i
+        if not tok.startswith("-") and (i == 0 or argv[i - 1] != "--config"):
+            return None  # another command
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if args.cmd != "psql":
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.psql_args = [*extra, *args.psql_args]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    at = _psql_split(argv)
+    if at is not None and argv[at + 1 : at + 2] not in (["-h"], ["--help"]):
+        args = parser.parse_args(argv[: at + 1])
+        args.psql_args = argv[at + 1 :]
+    else:
+        args = parser.parse_args(argv)
     try:
         cfg = load(args.config)
         logs.setup(cfg.log_format, cfg.log_level, cfg.log_redact)
         logs.add_secrets(Secrets.from_config(cfg))
-        return COMMANDS[args.cmd](args, cfg)
+        code = COMMANDS[args.cmd](args, cfg)
+        sys.stdout.flush()  # here, not at exit: a reader gone away is handled below
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`pgwork status | head -1`): a quiet end, as for any command
+        # line tool. stdout goes to /dev/null so that the interpreter's last flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except Exception as e:
         explained = _explain(_leaf(e))
         if explained is None:
