@@ -949,3 +949,22 @@ async def retention_backlog(
         {"done_before": done_before, "dead_before": dead_before, "limit": limit},
     )
     return got.n
+
+
+@dataclass(frozen=True)
+class WorkStatus:
+    id: int
+    status: str
+
+
+async def work_statuses(conn: Conn, ids: Sequence[int]) -> list[WorkStatus]:
+    return await _rows(conn, "work_statuses", WorkStatus, {"ids": list(ids)})
+
+
+@dataclass(frozen=True)
+class _Exists:
+    exists: bool
+
+
+async def channel_exists(conn: Conn, name: str) -> bool:
+    return (await _one(conn, "channel_exists", _Exists, {"name": name})).exists

@@ -383,6 +383,8 @@ class WebApp:
                 self._id_param(request, "after_id"),
             )
         async with self.pool.connection() as conn:
+            if not await store.channel_exists(conn, name):
+                raise web.HTTPNotFound(text=f"pgwork: no channel {name!r}")
             got = await store.live_page(
                 conn, channel=name, statuses=statuses, after=after, limit=PAGE
             )

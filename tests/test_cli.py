@@ -209,6 +209,19 @@ def test_a_reader_that_goes_away_early_gets_no_traceback(dsn: str) -> None:
         assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+async def test_redrive_says_which_ids_do_not_exist_and_which_are_not_dead(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`pgwork dlq redrive 99999` said "is not a dead letter" of a row that does not exist."""
+    await add(conn, "k")
+    await materialise(dsn)
+    (w,) = await rows(conn, "SELECT id FROM pgwork.renewal_work")
+    r = pgwork("dlq", "redrive", "99999", str(w["id"]), dsn=dsn)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "work 99999 does not exist" in r.stderr, r.stderr
+    assert f"work {w['id']} is not a dead letter (it is ready)" in r.stderr, r.stderr
+
+
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
 
 

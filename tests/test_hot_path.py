@@ -483,7 +483,8 @@ def _document_by_json_dumps(d: Delivery) -> str:
         "source": d.source,
         "business_key": d.business_key,
         "deadline": d.deadline.isoformat(),
-        "occurrence_seconds": d.occurrence.total_seconds(),
+        # A whole number of seconds is written as an integer.
+        "occurrence_seconds": int(s) if (s := d.occurrence.total_seconds()).is_integer() else s,
         "due_at": d.due_at.isoformat(),
         "channel": d.channel,
         "recipient": d.recipient,

@@ -374,6 +374,11 @@ async def test_odd_input_gets_a_400_naming_the_parameter_with_the_security_heade
                 assert r.headers["X-Content-Type-Options"] == "nosniff", path
         async with s.get(url + "/no/such/page") as r:
             assert r.status == 404 and "Content-Security-Policy" in r.headers
+        # A channel nobody registered: a 404 that says so (it was a 200 with an empty table).
+        async with s.get(url + "/channel/nosuch") as r:
+            body = await r.text()
+            assert r.status == 404 and "no channel 'nosuch'" in body, (r.status, body)
+            assert "Content-Security-Policy" in r.headers
 
 
 async def _signed_in(s: aiohttp.ClientSession, url: str, **headers: str) -> tuple[str, Any]:

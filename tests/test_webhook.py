@@ -64,6 +64,9 @@ async def test_request_document_and_idempotency_key(
         body["attempt"],
     ) == ("lease-renewal", "lease:42", "tenant@example.com", {"unit": 7}, 1)
     assert body["channel"] == "hook" and body["occurrence_seconds"] == 0
+    # Written as channels.md shows it: a whole number of seconds is an integer (it was 0.0, which
+    # a receiver with an integer field may refuse).
+    assert b'"occurrence_seconds":0,' in req.raw, req.raw
     assert {"deadline", "due_at"} <= set(body)
     ledger = await rows(conn, "SELECT outcome, http_status, receipt FROM pgwork.attempt")
     assert ledger == [

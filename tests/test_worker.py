@@ -121,6 +121,33 @@ async def test_exception_in_channel_is_a_retry(
     assert "receiver went away" in ledger[0]["error"]
 
 
+async def test_a_dead_letter_is_logged_as_one(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its line said `"attempt retry"` with outcome retry, like any retry: the attempt that spent
+    the budget is logged as a dead letter, at warning, with the attempt's own outcome."""
+
+    async def always(d: Delivery) -> Retry:
+        return Retry(error="down", delay=0)
+
+    sink.BEHAVIOUR["k"] = always
+    await add(conn, "k")
+    caplog.set_level("INFO", logger="pgwork")
+    async with running(config(python_channel(max_attempts=2)), dsn):
+        await until(lambda: _dead(conn, 1), what="dead")
+        await anyio.sleep(0.2)
+    lines = [
+        r for r in caplog.records if r.name.startswith("pgwork") and getattr(r, "work_id", None)
+    ]
+    assert [r.getMessage() for r in lines] == ["attempt retry", "dead letter after attempt retry"]
+    dead = lines[-1]
+    assert (dead.levelname, getattr(dead, "outcome"), getattr(dead, "status")) == (
+        "WARNING",
+        "retry",
+        "dead",
+    )
+
+
 async def test_budget_spent_goes_dead_then_redrive_delivers_once(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

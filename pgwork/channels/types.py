@@ -143,7 +143,7 @@ class Delivery(Occurrence):
             f'{{"operation_id":"{self.operation_id}","source":{_json_str(self.source)},'
             f'"business_key":{_json_str(self.business_key)},'
             f'"deadline":"{self.deadline.isoformat()}",'
-            f'"occurrence_seconds":{self.occurrence.total_seconds()!r},'
+            f'"occurrence_seconds":{_whole(self.occurrence.total_seconds())!r},'
             f'"due_at":"{self.due_at.isoformat()}","channel":{_json_str(self.channel)},'
             f'"recipient":{_json_str(self.recipient)},"attempt":{self.attempt!r}{series},'
             f'"payload":{self.payload_json}}}'
@@ -153,6 +153,12 @@ class Delivery(Occurrence):
         """The webhook document decoded (for logs and tests)."""
         doc: dict[str, Any] = json.loads(self.document_json())
         return doc
+
+
+def _whole(seconds: float) -> int | float:
+    """A whole number of seconds as an integer (``0``, not ``0.0``: what the docs show, and what a
+    receiver with an integer field takes)."""
+    return int(seconds) if seconds.is_integer() else seconds
 
 
 class PayloadError(Exception):

@@ -111,8 +111,10 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
         raise CliError("dlq redrive: --since and --reason-like select among --all", 2)
     operator = operator_name()
 
-    async def redrive(conn: psycopg.AsyncConnection[Any]) -> list[store.Redriven]:
-        return await store.dlq_redrive(
+    async def redrive(
+        conn: psycopg.AsyncConnection[Any],
+    ) -> tuple[list[store.Redriven], dict[int, str]]:
+        got = await store.dlq_redrive(
             conn,
             all=bool(args.all),
             ids=args.ids or [],
@@ -121,8 +123,10 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
             since=timedelta(seconds=args.since) if args.since is not None else None,
             reason_like=args.reason_like,
         )
+        missed = [i for i in args.ids or [] if i not in {r.id for r in got}]
+        return got, {w.id: w.status for w in await store.work_statuses(conn, missed)}
 
-    verdicts: list[store.Redriven] = with_conn(dsn, redrive, pooled)
+    verdicts, statuses = with_conn(dsn, redrive, pooled)
     found = {r.id for r in verdicts}
     ok = [r.id for r in verdicts if r.verdict == "ok"]
     refused = [r for r in verdicts if r.verdict != "ok"]
@@ -133,8 +137,19 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
             file=sys.stderr,
         )
     for i in args.ids or []:
-        if i not in found:
-            print(f"pgwork: not redriven: work {i} is not a dead letter", file=sys.stderr)
+        if i in found:
+            continue
+        if i in statuses:
+            print(
+                f"pgwork: not redriven: work {i} is not a dead letter (it is {statuses[i]})",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"pgwork: not redriven: work {i} does not exist (never made, or deleted by "
+                "retention)",
+                file=sys.stderr,
+            )
     print(
         f"redrove {len(ok)} dead letters"
         + (f": {', '.join(map(str, ok))}" if ok and len(ok) <= 20 else "")

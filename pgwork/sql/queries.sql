@@ -671,6 +671,13 @@ WITH target AS (
 )
 SELECT t.id, t.verdict, (SELECT count(*) FROM notified) AS notified FROM target t ORDER BY t.id
 
+-- name: work_statuses
+-- The status of each work row named, for the ids a redrive did not find dead.
+SELECT w.id, w.status FROM pgwork.renewal_work w WHERE w.id = ANY (%(ids)s::bigint[]) ORDER BY w.id
+
+-- name: channel_exists
+SELECT EXISTS (SELECT FROM pgwork.channel c WHERE c.name = %(name)s) AS exists
+
 -- name: work_states
 -- Live work rows (ready, claimed) and dead letters by channel and status (status command,
 -- metrics). Each half reads only its partial index: the cost grows with live and dead rows, never

@@ -540,7 +540,7 @@ class ChannelWorker:
             if level >= logged:
                 log.log(
                     level,
-                    "attempt %s",
+                    "dead letter after attempt %s" if r.status == "dead" else "attempt %s",
                     outcome,
                     extra={
                         "work_id": r.work_id,
