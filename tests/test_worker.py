@@ -141,7 +141,7 @@ async def test_a_dead_letter_is_logged_as_one(
     ]
     assert [r.getMessage() for r in lines] == ["attempt retry", "dead letter after attempt retry"]
     dead = lines[-1]
-    assert (dead.levelname, getattr(dead, "outcome"), getattr(dead, "status")) == (
+    assert (dead.levelname, dead.__dict__["outcome"], dead.__dict__["status"]) == (
         "WARNING",
         "retry",
         "dead",
