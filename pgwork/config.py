@@ -535,7 +535,7 @@ class Config:
     web_listen: str = option(
         "web.listen",
         "str",
-        "127.0.0.1:9465",
+        "127.0.0.1:9463",
         doc="the web page's address (`HOST:0` and `HOST:FIRST-LAST` as for metrics)",
     )
     #: The token that enables the page's actions (None: read-only).

@@ -251,3 +251,18 @@ def test_children_are_told_apart(tmp_path: Path) -> None:
     for bad in ("0", "-1", "x", "257", "²"):
         with pytest.raises(ValueError, match="--processes"):
             process_count(bad)
+
+
+def test_the_default_ports_never_collide(tmp_path: Path) -> None:
+    """With web.enabled, `pgwork run --processes 2` gave child 1 metrics on 9465, the web page's
+    default, and the group exited blaming web.listen (so did `pgwork web` beside a group). The
+    web page's default lies outside every child's metrics port, for any number of children."""
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text("[web]\nenabled = true\n")
+    cfg = load(cfg_file)
+    web_port = int(cfg.web_listen.rsplit(":", 1)[1])
+    metrics = {
+        int(child_env(cfg, "x", i, {})["PGWORK_METRICS_LISTEN"].rsplit(":", 1)[1])
+        for i in range(256)
+    }
+    assert web_port not in metrics, (web_port, min(metrics))

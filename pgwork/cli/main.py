@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     wb = sub.add_parser(
         "web",
         help="serve the operator's web page (overview, rows, dead letters; actions with web.token)",
-        description="A small read-mostly page on web.listen (default 127.0.0.1:9465). Redrive, "
+        description="A small read-mostly page on web.listen (default 127.0.0.1:9463). Redrive, "
         "pause and resume need web.token (PGWORK_WEB_TOKEN); without one the page is read-only.",
     )
     wb.add_argument("--listen", metavar="HOST:PORT", help="overrides web.listen")
