@@ -968,3 +968,8 @@ class _Exists:
 
 async def channel_exists(conn: Conn, name: str) -> bool:
     return (await _one(conn, "channel_exists", _Exists, {"name": name})).exists
+
+
+async def retrying(conn: Conn, *, channel: str | None, limit: int) -> list[dict[str, Any]]:
+    """Rows waiting for their next try, the soonest first (``pgwork dlq retrying``)."""
+    return await _dicts(conn, "retrying", {"channel": channel, "limit": limit})

@@ -16,7 +16,7 @@ import pytest
 
 from pgwork import SCHEMA_VERSION, __version__, db
 
-from .helpers import add, materialise, rows, until
+from .helpers import add, claim, materialise, rows, until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +50,7 @@ def test_version_and_help_for_every_command() -> None:
         ["dlq", "list"],
         ["dlq", "show"],
         ["dlq", "redrive"],
+        ["dlq", "retrying"],
         ["channel"],
         ["channel", "list"],
         ["channel", "pause"],
@@ -220,6 +221,36 @@ async def test_redrive_says_which_ids_do_not_exist_and_which_are_not_dead(
     assert r.returncode == 1, r.stdout + r.stderr
     assert "work 99999 does not exist" in r.stderr, r.stderr
     assert f"work {w['id']} is not a dead letter (it is ready)" in r.stderr, r.stderr
+
+
+async def test_what_waits_for_a_retry_and_when_is_shown(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """channels.md sends operators to `dlq show` for `retry_at`, which it never showed, and no
+    command listed the rows waiting for a retry."""
+    await add(conn, "k")
+    await materialise(dsn)
+    (w,) = await claim(dsn)
+    await conn.execute(
+        "INSERT INTO pgwork.attempt (work_id, lease, attempt, daemon_id, host, pid, started_at, "
+        "finished_at, outcome, error, retry_at) VALUES (%s, %s, 1, 'd', 'h', 1, now(), now(), "
+        "'retry', 'HTTP 503', '2030-01-01 00:00+00')",
+        (w["id"], w["lease"]),
+    )
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'ready', available_at = '2030-01-01 00:00+00', "
+        "last_error = 'HTTP 503' WHERE id = %s",
+        (w["id"],),
+    )
+    shown = pgwork("dlq", "show", str(w["id"]), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "retry_at" in shown.stdout and "2030-01-01" in shown.stdout, shown.stdout
+    waiting = pgwork("dlq", "retrying", dsn=dsn)
+    assert waiting.returncode == 0, waiting.stderr
+    assert str(w["id"]) in waiting.stdout and "2030-01-01" in waiting.stdout, waiting.stdout
+    assert "HTTP 503" in waiting.stdout
+    js = json.loads(pgwork("dlq", "retrying", "--json", dsn=dsn).stdout)
+    assert [r["id"] for r in js] == [w["id"]] and js[0]["attempts"] == 1
 
 
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------

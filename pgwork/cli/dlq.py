@@ -1,4 +1,4 @@
-"""`pgwork dlq`: list, show and redrive dead letters."""
+"""`pgwork dlq`: list, show and redrive dead letters; list what waits for a retry."""
 
 from __future__ import annotations
 
@@ -67,6 +67,32 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
         else:
             print("no dead letters")
         return 0
+    if args.dlq_cmd == "retrying":
+
+        async def waiting(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            return await store.retrying(conn, channel=args.channel, limit=args.limit)
+
+        got = with_conn(dsn, waiting, pooled)
+        if args.json:
+            print(to_json(got))
+        elif got:
+            print(
+                table(
+                    got,
+                    [
+                        "id",
+                        "channel",
+                        "source",
+                        "business_key",
+                        "attempts",
+                        "retry_at",
+                        "last_error",
+                    ],
+                )
+            )
+        else:
+            print("nothing waits for a retry")
+        return 0
     if args.dlq_cmd == "show":
 
         async def show(
@@ -93,6 +119,7 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
                         "lease",
                         "attempt",
                         "outcome",
+                        "retry_at",
                         "http_status",
                         "error_class",
                         "started_at",

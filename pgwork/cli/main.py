@@ -123,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sh.add_argument("id", type=id_arg)
     sh.add_argument("--json", action="store_true")
+    rt = dsub.add_parser(
+        "retrying",
+        help="work that failed and waits for its next try",
+        description="List rows waiting for a retry, the soonest first: attempts since the last "
+        "redrive, when the next try is due, the last error.",
+    )
+    rt.add_argument("--channel")
+    rt.add_argument("--limit", type=count_arg, default=100)
+    rt.add_argument("--json", action="store_true")
     rd = dsub.add_parser(
         "redrive",
         help="give dead letters a fresh attempt budget",

@@ -635,7 +635,7 @@ SELECT w.*, r.id IS NOT NULL AS reminder_exists, r.due_at AS reminder_due_at, r.
  WHERE w.id = %(id)s
 
 -- name: work_attempts
-SELECT lease, attempt, outcome, daemon_id, host, pid, started_at, finished_at, http_status,
+SELECT lease, attempt, outcome, retry_at, daemon_id, host, pid, started_at, finished_at, http_status,
        error_class, error, receipt
   FROM pgwork.attempt
  WHERE work_id = %(id)s
@@ -670,6 +670,17 @@ WITH target AS (
     SELECT pg_notify('pgwork_work', '') FROM (SELECT 1 FROM redriven LIMIT 1) AS any_row
 )
 SELECT t.id, t.verdict, (SELECT count(*) FROM notified) AS notified FROM target t ORDER BY t.id
+
+-- name: retrying
+-- Rows that failed and wait for their next try (ready, with attempts since the last redrive),
+-- the soonest first: read through work_claimable (live rows only).
+SELECT w.id, w.channel, w.source, w.business_key, w.attempts - w.attempts_base AS attempts,
+       w.available_at AS retry_at, w.last_error
+  FROM pgwork.renewal_work w
+ WHERE w.status = 'ready' AND w.attempts > w.attempts_base
+   AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
+ ORDER BY w.available_at, w.id
+ LIMIT %(limit)s
 
 -- name: work_statuses
 -- The status of each work row named, for the ids a redrive did not find dead.
