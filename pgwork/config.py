@@ -943,11 +943,31 @@ def _channel_env_overrides(
     return out
 
 
+class _Unsent(dict[str, str]):
+    """The environment as a command that sends nothing reads the channels' ``env:`` secrets
+    (signing secrets, header values): one that is not set is a stand-in of a valid form, never
+    sent (only ``run`` sends, and it reads the real environment)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        super().__init__(env)
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> str:
+        return "whsec_" + base64.b64encode(f"unresolved {key}".ljust(32).encode()).decode()
+
+
 def load(
-    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    secrets: bool = True,
 ) -> Config:
     """Read the TOML file (``path``, else ``$PGWORK_CONFIG``, else none) and apply environment
     overrides: ``PGWORK_DSN`` and ``PGWORK_<SECTION>_<KEY>`` (e.g. ``PGWORK_MATERIALISER_TICK=1s``).
+    ``secrets=False``: for a command that sends nothing, a channel's secret whose environment
+    variable is not set is left unresolved instead of refused (only sending needs them).
 
     :raises ConfigError: naming the first wrong option.
     """
@@ -1015,7 +1035,8 @@ def load(
     chans = _channel_env_overrides(chans, env, sources)
     if chans:
         kwargs["channels"] = {
-            name: _channel(name, t, env, sources.get(name)) for name, t in chans.items()
+            name: _channel(name, t, env if secrets else _Unsent(env), sources.get(name))
+            for name, t in chans.items()
         }
         kwargs["channels_configured"] = True
     cfg = Config(**kwargs)

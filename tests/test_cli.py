@@ -253,6 +253,22 @@ async def test_what_waits_for_a_retry_and_when_is_shown(
     assert [r["id"] for r in js] == [w["id"]] and js[0]["attempts"] == 1
 
 
+def test_only_run_needs_the_channels_secrets(tmp_path: Path, dsn: str) -> None:
+    """The README's production `migrate` line failed with the README's own config
+    (`CRM_SIGNING_SECRET is not set`): every command read every channel's secrets, though only
+    sending needs them."""
+    cfg = tmp_path / "pgwork.toml"
+    cfg.write_text(
+        '[channels.crm]\nkind = "webhook"\nurl = "https://crm.internal/hooks/reminders"\n'
+        'signing_secret = "env:CRM_SIGNING_SECRET"\nheaders = { Authorization = "env:CRM_TOKEN" }\n'
+    )
+    for args in (["migrate"], ["status"], ["channel", "list"], ["dlq", "list"]):
+        r = pgwork("--config", str(cfg), *args, dsn=dsn)
+        assert r.returncode == 0, (args, r.stderr)
+    r = pgwork("--config", str(cfg), "run", dsn=dsn)
+    assert r.returncode == 2 and "environment variable CRM_TOKEN is not set" in r.stderr, r.stderr
+
+
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
 
 

@@ -217,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = parser.parse_args(argv)
     try:
-        cfg = load(args.config)
+        # Only `run` sends: the other commands need no channel's secret.
+        cfg = load(args.config, secrets=args.cmd == "run")
         logs.setup(cfg.log_format, cfg.log_level, cfg.log_redact)
         logs.add_secrets(Secrets.from_config(cfg))
         code = COMMANDS[args.cmd](args, cfg)
