@@ -134,6 +134,20 @@ async def probe(dsn: str, timeout: float, pooled: bool = False) -> None:
     await conn.close()
 
 
+#: What a server answers, as libpq reports it, when a connection will never be let in as it
+#: is: the database or the role does not exist, the password or the method is refused. (Its
+#: English text: a server with other lc_messages is retried as any other failure.)
+_REFUSED_FOR_GOOD = re.compile(
+    r'FATAL:\s+(database ".*" does not exist|role ".*" does not exist'
+    r"|password authentication failed|no pg_hba\.conf entry|.* authentication failed)"
+)
+
+
+def refused_for_good(e: psycopg.OperationalError) -> bool:
+    """The server refused the connection for a reason a retry will not change."""
+    return bool(_REFUSED_FOR_GOOD.search(str(e)))
+
+
 async def wait_until_reachable(
     dsn: str,
     *,
@@ -148,10 +162,16 @@ async def wait_until_reachable(
     :raises SchemaError: when the schema is missing, older or newer than this code.
     """
     conn: AsyncConnection[Any] | None = None
+    final: psycopg.OperationalError | None = None
 
     async def attempt() -> None:
-        nonlocal conn
-        conn = await connect(dsn, timeout=timeout, pooled=pooled)
+        nonlocal conn, final
+        try:
+            conn = await connect(dsn, timeout=timeout, pooled=pooled)
+        except psycopg.OperationalError as e:
+            if not refused_for_good(e):
+                raise
+            final = e  # the server's answer will not change: no retry
 
     def failed(e: Exception, delay: float) -> None:
         log.error(
@@ -164,7 +184,11 @@ async def wait_until_reachable(
         if on_failure is not None:
             on_failure()
 
-    if not await Backoff().until_done(attempt, failed, stop) or conn is None:
+    if not await Backoff().until_done(attempt, failed, stop):
+        return False
+    if final is not None:
+        raise final
+    if conn is None:
         return False
     try:
         await check_schema(conn)

@@ -269,6 +269,17 @@ def test_only_run_needs_the_channels_secrets(tmp_path: Path, dsn: str) -> None:
     assert r.returncode == 2 and "environment variable CRM_TOKEN is not set" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize(("part", "said"), [("dbname", "database"), ("user", "role")])
+def test_run_fails_fast_when_the_database_says_no_for_good(dsn: str, part: str, said: str) -> None:
+    """A DSN naming a database (or role) that does not exist made `pgwork run` retry for ever
+    (under systemd: until TimeoutStartSec). The server's answer will not change: exit 3, one line."""
+    wrong = psycopg.conninfo.make_conninfo(dsn, **{part: "nosuch"})
+    r = pgwork("run", dsn=wrong)
+    assert r.returncode == 3, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("pgwork: ") and f'{said} "nosuch" does not exist' in last, last
+
+
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
 
 
