@@ -1,7 +1,7 @@
 """The event loop the daemon runs on: uvloop where it is installed (``daemon.event_loop =
 "auto"``, the default; a dependency on Linux and macOS), else the standard library's asyncio
 loop. anyio's asyncio backend takes the choice as an option; nothing else in pgwork depends on
-it. bench/README.md ("Event loop") has the figures that chose this default."""
+it. bench/HISTORY.md ("Event loop") has the figures that chose this default."""
 
 from __future__ import annotations
 

@@ -566,7 +566,7 @@ async def _one_round_trip(conn: Conn) -> AsyncIterator[None]:
     """A transaction of the statements sent in the block, in one round trip: BEGIN, the
     statements and COMMIT in one pipeline. psycopg's ``conn.transaction()`` in a pipeline
     syncs when it begins and when it commits (more round trips: the no-op burn-down did 19k
-    instead of 23k jobs/s with it; bench/README.md, issue 26). On an error the transaction is
+    instead of 23k jobs/s with it; bench/HISTORY.md, issue 26). On an error the transaction is
     rolled back here, so the connection goes back to the pool idle. In a transaction the caller
     opened (tests), the statements are simply part of it."""
     if conn.info.transaction_status == TransactionStatus.INTRANS:
