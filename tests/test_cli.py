@@ -456,3 +456,22 @@ def test_the_welcome_names_a_psql_command_that_exists(
     err = capsys.readouterr().err
     assert expected in err, err
     assert "make psql" not in err and ".venv/bin/pgwork" not in err
+
+
+def test_the_welcome_suggests_a_channel_the_daemon_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The welcome suggested an INSERT on the `log` channel even when the config had none (a
+    foreign-key error on the first paste): it names a channel this daemon runs."""
+    from types import SimpleNamespace
+
+    from pgwork.cli import run
+    from pgwork.config import load
+
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text('[channels.crm]\nkind = "webhook"\nurl = "http://127.0.0.1:9/hook"\n')
+    server = SimpleNamespace(port=5432, data_dir=tmp_path / "data")
+    run._print_welcome(SimpleNamespace(server=server), load(cfg_file, env={}))  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "'crm', 'tenant@example.com'" in err and "'log'" not in err, err
+    assert "the `crm` channel" in err, err

@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
     try:
         if database.embedded:
             print(migrate_schema(database.dsn), file=sys.stderr)
-            _print_welcome(database)
+            _print_welcome(database, cfg)
 
         async def main() -> None:
             await serve(Daemon(cfg, database.dsn))
@@ -64,7 +64,7 @@ def _run_group(args: argparse.Namespace, cfg: Config, processes: int) -> int:
     try:
         if database.embedded:
             print(migrate_schema(database.dsn), file=sys.stderr)
-            _print_welcome(database)
+            _print_welcome(database, cfg)
         argv = (["--config", args.config] if args.config else []) + ["run"]
         return Group(cfg, database.dsn, processes, argv).run()
     finally:
@@ -83,15 +83,24 @@ def _this_command() -> str:
     return str(started)
 
 
-def _print_welcome(database: Database) -> None:
+def _print_welcome(database: Database, cfg: Config | None = None) -> None:
+    """How to schedule a first reminder, on a channel this daemon runs (`log` when it has one)."""
     assert database.server is not None
+    names = list(cfg.channels) if cfg is not None else ["log"]
+    channel = "log" if "log" in names or not names else names[0]
+    seen = (
+        "(a REMINDER line below)"
+        if channel == "log"
+        else "(its outcome in `pgwork dlq show` or the log)"
+    )
     print(
         "\npgwork is running on the embedded Postgres "
         f"(127.0.0.1:{database.server.port}, data in {database.server.data_dir}).\n"
         f"Schedule a reminder from another terminal with `{_this_command()} psql`:\n\n"
         "  INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient)\n"
-        "  VALUES ('demo', 'lease:42', now() + interval '10 seconds', 'log', 'tenant@example.com');\n\n"
-        "It is delivered by the `log` channel (a REMINDER line below) ten seconds later. Ctrl-C stops.\n",
+        f"  VALUES ('demo', 'lease:42', now() + interval '10 seconds', '{channel}', "
+        "'tenant@example.com');\n\n"
+        f"It is delivered by the `{channel}` channel {seen} ten seconds later. Ctrl-C stops.\n",
         file=sys.stderr,
     )
 
