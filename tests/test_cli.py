@@ -280,6 +280,25 @@ def test_run_fails_fast_when_the_database_says_no_for_good(dsn: str, part: str, 
     assert last.startswith("pgwork: ") and f'{said} "nosuch" does not exist' in last, last
 
 
+@pytest.mark.parametrize("args", [["status"], ["psql", "-c", "SELECT 1"], ["dlq", "list"]])
+def test_a_command_outside_a_project_makes_no_empty_cluster(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """Run outside the project (no PGWORK_DSN, no embedded server's data here), `pgwork status`
+    ran initdb for a new, empty cluster in ./.pgwork/pgdata and then said "no pgwork schema: run
+    `pgwork migrate`", the wrong fix. It says what it looked for and how to point at a database,
+    and makes nothing; only `pgwork run` makes the embedded server's data."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    r = subprocess.run(
+        [sys.executable, "-m", "pgwork", *args],
+        capture_output=True, text=True, env=e, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no database: PGWORK_DSN" in r.stderr and str(tmp_path) in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
+    assert not (tmp_path / ".pgwork").exists()
+
+
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
 
 
@@ -290,7 +309,7 @@ def test_run_fails_fast_when_the_database_says_no_for_good(dsn: str, part: str, 
         ("latin1", ["status"], "config file {p} is not UTF-8 text"),
         (
             '[database]\nembedded_dir = "{t}/afile/sub"\n',
-            ["status"],
+            ["run"],
             "database.embedded_dir: cannot use '{t}/afile/sub' for the embedded server's data",
         ),
         ('[metrics]\nlisten = "127.0.0.1:99999"\n', ["run"], "metrics.listen: expected HOST:PORT"),

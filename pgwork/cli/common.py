@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
@@ -36,10 +37,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"pgwork: {message} (see `{self.prog} --help`)\n")
 
 
+def _blocked(data: Path) -> bool:
+    """A file stands where a directory of the path should be (the embedded server cannot use
+    the path at all: that error says so, below)."""
+    return any(p.exists() and not p.is_dir() for p in (data, *data.parents))
+
+
 class Database:
     """Where pgwork's database is: a DSN, the libpq environment, or the embedded server."""
 
-    def __init__(self, cfg: Config, *, start_embedded: bool = True) -> None:
+    def __init__(self, cfg: Config, *, start_embedded: bool = True, create: bool = False) -> None:
+        """``create``: with no database configured, make the embedded server's data directory
+        when it has none (`pgwork run`); every other command refuses, saying what it looked for."""
         self.server: LocalServer | None = None
         #: Behind a transaction-pooling PgBouncer (``database.pooler``).
         self.pooled = cfg.pooler == "transaction"
@@ -49,6 +58,15 @@ class Database:
             self.dsn, self.embedded = "", False
         else:
             self.embedded = True
+            data = Path(cfg.embedded_dir)
+            if not create and not (data / "PG_VERSION").exists() and not _blocked(data):
+                raise CliError(
+                    "no database: PGWORK_DSN (or the libpq variables, PGHOST …) is not set, and "
+                    f"there is no embedded server's data in {data.resolve()} (`pgwork run` makes it "
+                    "there, in the directory it runs in): run this where `pgwork run` runs, or set "
+                    "PGWORK_DSN",
+                    2,
+                )
             try:
                 self.server = LocalServer(cfg.embedded_dir)
                 if start_embedded:

@@ -38,7 +38,7 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
         from ..tracing import setup_sdk
 
         provider = setup_sdk()  # before the database: a missing extra is a config error
-    database = Database(cfg)
+    database = Database(cfg, create=True)
     try:
         if database.embedded:
             print(migrate_schema(database.dsn), file=sys.stderr)
@@ -60,7 +60,7 @@ def _run_group(args: argparse.Namespace, cfg: Config, processes: int) -> int:
     embedded server started and migrated once), the children are told where it is."""
     from ..group import Group
 
-    database = Database(cfg)
+    database = Database(cfg, create=True)
     try:
         if database.embedded:
             print(migrate_schema(database.dsn), file=sys.stderr)
