@@ -299,6 +299,21 @@ def test_a_command_outside_a_project_makes_no_empty_cluster(
     assert not (tmp_path / ".pgwork").exists()
 
 
+def test_cleanup_with_only_its_retention_dsn_touches_no_other_database(
+    tmp_path: Path, dsn: str
+) -> None:
+    """The cleanup timer's environment holds PGWORK_RETENTION_DSN alone (operations.md): the
+    command started an embedded server in its working directory all the same."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    r = subprocess.run(
+        [sys.executable, "-m", "pgwork", "cleanup", "--once"],
+        capture_output=True, text=True, env={**e, "PGWORK_RETENTION_DSN": dsn}, cwd=tmp_path,
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and "deleted 0 work rows" in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / ".pgwork").exists()
+
+
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
 
 

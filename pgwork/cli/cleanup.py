@@ -19,8 +19,10 @@ from .common import (
 def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
     from ..duties.retention import Retention
 
-    database = Database(cfg)
-    dsn = cfg.retention_dsn or database.dsn
+    # retention.dsn alone (the cleanup timer's environment) names the database: no other one.
+    database = None if cfg.retention_dsn else Database(cfg)
+    dsn = cfg.retention_dsn or (database.dsn if database else "")
+    pooled = cfg.pooler == "transaction"
 
     async def go(conn: psycopg.AsyncConnection[Any]) -> str:
         await db.check_schema(conn)
@@ -41,7 +43,8 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
         )
 
     try:
-        print(with_conn(dsn, go, database.pooled))
+        print(with_conn(dsn, go, pooled))
     finally:
-        database.close()
+        if database is not None:
+            database.close()
     return 0
