@@ -14,9 +14,12 @@
 --     entry, in windows as wide as the page's span of fire time, and makes at most its share of
 --     the page's sends; a series with more to make before the cutoff is left unfinished for the
 --     next pass. pgwork.series_latest_missed (new) finds what catch_up = latest keeps.
---   * pgwork.materialise_page returns unfinished (series left short of the cutoff).
+--     pgwork.recur_density (new): a compiled rule's deadlines a day at most, the budget's measure.
+--   * pgwork.materialise_page takes aside (reminders the daemon set aside after a page failed on
+--     each) and returns unfinished (series left short of the cutoff).
 --   * pgwork.retired gets retired_series_deadline: retention prunes a series' tombstones once
---     their deadline is two days past (they were kept as long as the reminder lived).
+--     their deadline is two days past (they were kept as long as the reminder lived);
+--     pgwork_cleanup gets DELETE on it.
 --   * NULL in recur_skip is refused naming recur_skip (a series with one made nothing, silently);
 --     existing NULLs are dropped. recur_preview names a NULL argument, gives n deadlines when
 --     many fall in DST gaps, and none past its 100-year horizon (recur_upcoming);
