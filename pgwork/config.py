@@ -628,9 +628,12 @@ def signing_key(secret: str) -> bytes:
     return key
 
 
-def _signing_secrets(where: str, raw: Any, env: Mapping[str, str]) -> tuple[str, ...]:
+def _signing_secrets(
+    where: str, raw: Any, env: Mapping[str, str], required: bool = True
+) -> tuple[str, ...]:
     """``signing_secret``: ``env:NAME`` (recommended) or the value; several secrets separated by
-    spaces while one is rotated (each request then carries a signature per secret)."""
+    spaces while one is rotated (each request then carries a signature per secret).
+    ``required=False`` (a command that sends nothing): an unset variable gives no secret."""
     if raw is None:
         return ()
     option = f"{where}.signing_secret"
@@ -638,6 +641,8 @@ def _signing_secrets(where: str, raw: Any, env: Mapping[str, str]) -> tuple[str,
         raise ConfigError(f"{option}: expected a string such as 'env:PGWORK_SIGNING_SECRET'")
     if raw.startswith("env:"):
         if raw[4:] not in env:
+            if not required:
+                return ()
             raise ConfigError(f"{option}: environment variable {raw[4:]} is not set")
         raw = env[raw[4:]]
     secrets = tuple(raw.split())
@@ -758,7 +763,11 @@ def _check(option: str, value: Any) -> None:
 
 
 def _channel(
-    name: str, raw: Any, env: Mapping[str, str], sources: Mapping[str, str] | None = None
+    name: str,
+    raw: Any,
+    env: Mapping[str, str],
+    sources: Mapping[str, str] | None = None,
+    secrets: bool = True,
 ) -> ChannelConfig:
     """``sources`` maps an option to the environment variable that set it (for errors)."""
     where = f"channels.{name}"
@@ -822,6 +831,8 @@ def _channel(
         if hv.startswith("env:"):
             var = hv[4:]
             if var not in env:
+                if not secrets:
+                    continue  # a command that sends nothing needs no header
                 raise ConfigError(f"{where}.headers.{hk}: environment variable {var} is not set")
             hv = env[var]
         if any(c in hv for c in "\r\n\x00") or not hv.isascii() or not hv.isprintable():
@@ -863,7 +874,7 @@ def _channel(
         ),
         ca_file=ca_file,
         attempt_timeout=num("attempt_timeout"),
-        signing_secrets=_signing_secrets(where, raw.get("signing_secret"), env),
+        signing_secrets=_signing_secrets(where, raw.get("signing_secret"), env, secrets),
         target=target,
         expire_after=num("expire_after"),
         catch_up=catch_up,
@@ -943,21 +954,6 @@ def _channel_env_overrides(
     return out
 
 
-class _Unsent(dict[str, str]):
-    """The environment as a command that sends nothing reads the channels' ``env:`` secrets
-    (signing secrets, header values): one that is not set is a stand-in of a valid form, never
-    sent (only ``run`` sends, and it reads the real environment)."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        super().__init__(env)
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-    def __missing__(self, key: str) -> str:
-        return "whsec_" + base64.b64encode(f"unresolved {key}".ljust(32).encode()).decode()
-
-
 def load(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -1035,8 +1031,7 @@ def load(
     chans = _channel_env_overrides(chans, env, sources)
     if chans:
         kwargs["channels"] = {
-            name: _channel(name, t, env if secrets else _Unsent(env), sources.get(name))
-            for name, t in chans.items()
+            name: _channel(name, t, env, sources.get(name), secrets) for name, t in chans.items()
         }
         kwargs["channels_configured"] = True
     cfg = Config(**kwargs)
