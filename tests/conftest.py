@@ -23,14 +23,7 @@ from psycopg.conninfo import make_conninfo
 from pgwork import db
 from pgwork.embedded import LocalServer
 
-# Test servers trade durability for speed; benchmarks (bench/) run durable.
-FAST_SETTINGS = {
-    "fsync": "off",
-    "synchronous_commit": "off",
-    "full_page_writes": "off",
-    "max_connections": "300",
-    "shared_buffers": "128MB",
-}
+from .helpers import FAST_SETTINGS
 
 _counter = itertools.count()
 

@@ -11,6 +11,15 @@ from psycopg.rows import dict_row
 from pgwork import db, store
 from pgwork.duties import materialise as materialiser
 
+# Test servers trade durability for speed; benchmarks (bench/) run durable.
+FAST_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "300",
+    "shared_buffers": "128MB",
+}
+
 
 def utc(text: str) -> datetime:
     """An ISO time without a zone, read as UTC."""

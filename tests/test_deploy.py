@@ -185,3 +185,29 @@ def test_every_metric_on_the_dashboard_exists() -> None:
         and not any(u.endswith(s) and u[: -len(s)] in families for s in suffixes)
     }
     assert used and missing == set()
+
+
+def test_env_example_reads_the_same_in_systemd_and_a_shell() -> None:
+    """The documented shell line (``set -a && . pgwork.env``) and systemd's EnvironmentFile= give
+    the same values: every value is double-quoted (both strip the quotes) with nothing either
+    would expand or unescape differently ($, backquote, backslash; systemd.exec(5))."""
+    path = ROOT / "systemd" / "pgwork.env.example"
+    systemd_reads: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, _, value = line.partition("=")
+        assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", name), line
+        assert re.fullmatch(r'"[^"$`\\]*"', value), f"quote {name}'s value, without $ ` \\: {line}"
+        systemd_reads[name] = value[1:-1]
+    r = subprocess.run(
+        ["sh", "-c", 'set -a && . "$1" && env -0', "sh", str(path)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=10,
+    )
+    assert r.returncode == 0, r.stderr
+    shell_reads = dict(kv.split("=", 1) for kv in r.stdout.split("\0") if kv)
+    assert {k: shell_reads.get(k) for k in systemd_reads} == systemd_reads
+    assert systemd_reads["CRM_TOKEN"] == "Bearer CHANGE-ME"
