@@ -973,3 +973,40 @@ async def channel_exists(conn: Conn, name: str) -> bool:
 async def retrying(conn: Conn, *, channel: str | None, limit: int) -> list[dict[str, Any]]:
     """Rows waiting for their next try, the soonest first (``pgwork dlq retrying``)."""
     return await _dicts(conn, "retrying", {"channel": channel, "limit": limit})
+
+
+async def history_reminder(conn: Conn, *, source: str, business_key: str) -> dict[str, Any] | None:
+    """The reminder as stored, or None (``pgwork reminder``)."""
+    got = await _dicts(conn, "history_reminder", {"source": source, "business_key": business_key})
+    return got[0] if got else None
+
+
+async def history_upcoming(conn: Conn, *, source: str, business_key: str) -> list[dict[str, Any]]:
+    """Its next occurrences and where each stands (``pgwork.reminder_status``)."""
+    return await _dicts(conn, "history_upcoming", {"source": source, "business_key": business_key})
+
+
+async def history_work(
+    conn: Conn, *, reminder_id: int | None, source: str, business_key: str, limit: int
+) -> list[dict[str, Any]]:
+    """Its work rows, the latest first: by the reminder's id, or by source and key once the
+    reminder is gone."""
+    if reminder_id is not None:
+        return await _dicts(
+            conn, "history_work_of_reminder", {"reminder_id": reminder_id, "limit": limit}
+        )
+    return await _dicts(
+        conn,
+        "history_work_of_key",
+        {"source": source, "business_key": business_key, "limit": limit},
+    )
+
+
+async def history_attempts(conn: Conn, *, work_ids: Sequence[int]) -> list[dict[str, Any]]:
+    """The attempt ledger of these work rows."""
+    return await _dicts(conn, "history_attempts", {"work_ids": list(work_ids)})
+
+
+async def history_retired(conn: Conn, *, reminder_id: int, limit: int) -> list[dict[str, Any]]:
+    """The tombstones retention left of its older occurrences."""
+    return await _dicts(conn, "history_retired", {"reminder_id": reminder_id, "limit": limit})

@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import __version__, store
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
 from .duties import gauges
+from .history import History, reminder_history
 from .logs import personal_as
 
 log = logging.getLogger("pgwork.web")
@@ -120,6 +121,7 @@ class WebApp:
                 web.get("/channel/{name}", self.channel),
                 web.get("/work/{id:[0-9]{1,18}}", self.work),
                 web.get("/dead", self.dead),
+                web.get("/reminder", self.reminder),
                 web.post("/login", self.login),
                 web.post("/logout", self.logout),
                 web.post("/work/{id:[0-9]{1,18}}/redrive", self.redrive),
@@ -255,7 +257,7 @@ class WebApp:
         html = (
             "<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>{_e(title)} · pgwork</title><style>{STYLE}</style></head><body>"
-            f'<header><a href="/">pgwork</a><a href="/dead">dead letters</a>'
+            f'<header><a href="/">pgwork</a><a href="/dead">dead letters</a><a href="/reminder">a reminder</a>'
             f'<span style="float:right">{who}</span></header>'
             f"<main><h1>{_e(title)}</h1>{body}</main>"
             f'<footer class="note" style="padding:0 1.2em">pgwork {_e(__version__)}</footer>'
@@ -446,7 +448,14 @@ class WebApp:
             ("status", _e(w["status"])),
             ("channel", _link(f"/channel/{w['channel']}", w["channel"])),
             ("source", _e(w["source"])),
-            ("business key", self._personal(w["business_key"])),
+            (
+                "business key",
+                self._personal(w["business_key"])
+                + " · "
+                + _link(
+                    "/reminder", "all of this reminder", source=w["source"], key=w["business_key"]
+                ),
+            ),
             ("recipient", self._personal(w["recipient"])),
             ("deadline", _e(w["deadline"])),
             ("occurrence", _e(w["occurrence"])),
@@ -494,6 +503,134 @@ class WebApp:
             + f"<p>{action}</p><h2>Attempts</h2>{ledger}"
         )
         return self._page(request, f"Work {work_id}", body)
+
+    async def reminder(self, request: web.Request) -> web.Response:
+        """What happened to one reminder (``pgwork reminder``); ``format=json`` for JSON."""
+        source = self._param(request, "source")
+        key = self._param(request, "key")
+        form = (
+            '<form method="get" action="/reminder">'
+            f'<input name="source" placeholder="source" value="{_e(source)}" required> '
+            f'<input name="key" placeholder="business key" value="{_e(key)}" required> '
+            "<button>show</button></form>"
+        )
+        if source is None or key is None:
+            return self._page(request, "Reminder", form)
+        async with self.pool.connection() as conn:
+            h = await reminder_history(conn, source=source, business_key=key)
+        if self._param(request, "format") == "json":
+            return web.Response(
+                text=json.dumps(self._redacted(h), default=str),
+                content_type="application/json",
+                status=200 if h.known else 404,
+            )
+        if not h.known:
+            return self._page(
+                request,
+                "Reminder",
+                form + "<p>No such reminder, and no work rows for one.</p>",
+                404,
+            )
+        return self._page(request, f"Reminder {source} / {key}", form + self._history(h))
+
+    def _redacted(self, h: History) -> dict[str, Any]:
+        doc = h.as_json()
+        if self.redact != "none":
+            for part in (doc["reminder"] or {},):
+                for name in ("business_key", "recipient"):
+                    if part.get(name) is not None:
+                        part[name] = personal_as(part[name], self.redact)
+                part["payload"] = "(redacted)"
+            doc["business_key"] = personal_as(doc["business_key"], self.redact)
+        return doc
+
+    def _history(self, h: History) -> str:
+        r = h.reminder
+        if r is None:
+            head = "<p><b>deleted</b>: its work rows remain until retention removes them.</p>"
+        else:
+            head = (
+                "<table>"
+                + "".join(
+                    f"<tr><th>{_e(k)}</th><td>{v}</td></tr>"
+                    for k, v in [
+                        ("id", _e(r["id"])),
+                        ("channel", _link(f"/channel/{r['channel']}", r["channel"])),
+                        ("recipient", self._personal(r["recipient"])),
+                        (
+                            "due",
+                            _e(r["due_at"])
+                            if r["due_local"] is None
+                            else f"{_e(r['due_local'])} {_e(r['due_tz'])}",
+                        ),
+                        ("remind before", _e(", ".join(str(b) for b in r["remind_before"]))),
+                        ("recur", _e(r["recur"])),
+                        ("paused", "yes" if r["paused"] else "no"),
+                    ]
+                )
+                + "</table><h2>Next deadline (a one-off's only one)</h2>"
+                + _table(
+                    ["send at", "deadline", "before", "status"],
+                    [
+                        [
+                            _e(u["send_at"]),
+                            _e(u["deadline"]),
+                            _e(u["remind_before"]),
+                            _e(u["status"]),
+                        ]
+                        for u in h.upcoming
+                    ],
+                )
+            )
+        parts = [head, "<h2>Work rows, the latest send first</h2>"]
+        for w in h.occurrences:
+            extra = [
+                f"dead: {_e(w['dead_reason'])}" if w["dead_reason"] else "",
+                f"next try {_e(w['available_at'])}" if w["state"] == "retry waiting" else "",
+                f"redriven {_e(w['redriven_at'])} by {_e(w['redriven_by'])}"
+                if w["redriven_at"]
+                else "",
+            ]
+            wid = w["id"]
+            parts.append(
+                f"<p>{_link(f'/work/{wid}', f'work {wid}')} <b>{_e(w['state'])}</b>"
+                f" · send {_e(w['due_at'])} ({_e(w['occurrence'])} before deadline"
+                f" {_e(w['deadline'])}) · {_e(w['attempts'])} attempt(s)"
+                + "".join(f" · {x}" for x in extra if x)
+                + "</p>"
+                + _table(
+                    ["attempt", "outcome", "started", "took", "HTTP", "next try", "error"],
+                    [
+                        [
+                            _e(a["attempt"]),
+                            _e(a["outcome"]),
+                            _e(a["started_at"]),
+                            _e(_ms(a["took"])),
+                            _e(a["http_status"]),
+                            _e(a["retry_at"]),
+                            _e(a["error"]),
+                        ]
+                        for a in w["attempts_ledger"]
+                    ],
+                )
+            )
+        if h.retired:
+            parts.append("<h2>Removed by retention (outcome kept, never sent again)</h2>")
+            parts.append(
+                _table(
+                    ["deadline", "before", "status", "finished"],
+                    [
+                        [
+                            _e(t["deadline"]),
+                            _e(t["occurrence"]),
+                            _e(t["status"]),
+                            _e(t["finished_at"]),
+                        ]
+                        for t in h.retired
+                    ],
+                )
+            )
+        return "".join(parts)
 
     async def dead(self, request: web.Request) -> web.Response:
         channel = self._param(request, "channel")
@@ -630,6 +767,10 @@ class WebApp:
     async def _channel_known(conn: AsyncConnection[Any], name: str) -> None:
         if name not in {c.name for c in await store.channel_states(conn)}:
             raise web.HTTPNotFound(text=f"pgwork: no channel named {name!r}")
+
+
+def _ms(took: Any) -> str | None:
+    return None if took is None else f"{took.total_seconds() * 1000:.0f} ms"
 
 
 def _round(value: float | None) -> float | None:

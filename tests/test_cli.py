@@ -51,6 +51,7 @@ def test_version_and_help_for_every_command() -> None:
         ["dlq", "show"],
         ["dlq", "redrive"],
         ["dlq", "retrying"],
+        ["reminder"],
         ["channel"],
         ["channel", "list"],
         ["channel", "pause"],
@@ -509,3 +510,80 @@ def test_the_welcome_suggests_a_channel_the_daemon_runs(
     err = capsys.readouterr().err
     assert "'crm', 'tenant@example.com'" in err and "'log'" not in err, err
     assert "the `crm` channel" in err, err
+
+
+async def test_what_happened_to_a_reminder_every_occurrence_attempt_and_redrive(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The CLI could not say what happened to a reminder: `status` said "no work rows" after
+    deliveries and `reminder_status` showed a series' next deadline only. Real deliveries to a
+    real receiver: one reminder answered 503 then 200; one that fails for good, redriven."""
+    from .helpers import config, running, webhook_channel
+    from .receiver import Answer, Receiver
+
+    def script(r: Any) -> Answer:
+        if r.body["business_key"] == "gone-wrong":
+            return Answer(status=400, body=b"no such tenant")
+        return Answer(status=503, body=b"busy") if r.n == 1 else Answer()
+
+    with Receiver(script) as receiver:
+        await add(conn, "lease:42", channel="hook", source="leases", before="{1 second, 0}")
+        await add(conn, "gone-wrong", channel="hook", source="leases")
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await until(
+                lambda: _count(conn, "status IN ('delivered', 'dead')", 3), what="all finished"
+            )
+    r = pgwork("reminder", "leases", "lease:42", dsn=dsn)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("work ") == 2 and r.stdout.count(": delivered") == 2, r.stdout
+    assert "retry" in r.stdout and "HTTP 503" not in r.stderr, r.stdout
+    js = json.loads(pgwork("reminder", "leases", "lease:42", "--json", dsn=dsn).stdout)
+    assert js["reminder"]["business_key"] == "lease:42"
+    (first,) = [o for o in js["occurrences"] if o["occurrence"] == "0:00:00"]
+    ledger = first["attempts_ledger"]
+    assert [a["outcome"] for a in ledger] == ["retry", "delivered"], ledger
+    assert ledger[0]["http_status"] == 503 and ledger[0]["retry_at"] is not None
+    assert ledger[0]["took"] is not None and ledger[1]["http_status"] == 200
+
+    (dead,) = await rows(conn, "SELECT id FROM pgwork.renewal_work WHERE status = 'dead'")
+    assert pgwork("dlq", "redrive", str(dead["id"]), dsn=dsn).returncode == 0
+    r = pgwork("reminder", "leases", "gone-wrong", dsn=dsn)
+    assert "last redriven" in r.stdout and "HTTP 400" in r.stdout, r.stdout
+    assert ": ready" in r.stdout, r.stdout
+
+    # A deleted reminder: its rows remain and are shown; an unknown one is exit 1, one line.
+    await conn.execute("DELETE FROM pgwork.reminder WHERE business_key = 'gone-wrong'")
+    r = pgwork("reminder", "leases", "gone-wrong", dsn=dsn)
+    assert r.returncode == 0 and "deleted" in r.stdout and ": cancelled" in r.stdout, r.stdout
+    r = pgwork("reminder", "leases", "nosuch", dsn=dsn)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "nosuch" in r.stderr, r.stderr
+
+
+async def test_what_happened_to_a_series_shows_its_next_deadline_and_retired_ones(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A series: its next occurrence (not yet made), a look-ahead row that is not due yet, and
+    an occurrence whose row retention removed."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, "
+        "recipient) VALUES ('billing', 'rent', (now() AT TIME ZONE 'UTC')::date - 1 + time '09:00', "
+        "'UTC', 'FREQ=DAILY', 'log', 'r@example.com')"
+    )
+    await materialise(dsn, lookahead=2 * 86400.0)
+    await conn.execute(
+        "INSERT INTO pgwork.retired (reminder_id, deadline, occurrence, status, operation_id, "
+        "finished_at, deadline_local) SELECT id, '2020-01-01 09:00+00', '0', 'delivered', "
+        "gen_random_uuid(), '2020-01-01 09:00:01+00', '2020-01-01 09:00' FROM pgwork.reminder"
+    )
+    js = json.loads(pgwork("reminder", "billing", "rent", "--json", dsn=dsn).stdout)
+    assert js["upcoming"] and js["upcoming"][0]["status"] in ("ready", "scheduled")
+    states = {o["state"] for o in js["occurrences"]}
+    assert "ready, not yet due" in states, states
+    assert [t["status"] for t in js["retired"]] == ["delivered"]
+    text = pgwork("reminder", "billing", "rent", dsn=dsn).stdout
+    assert "removed by retention" in text and "next deadline" in text, text
+
+
+async def _count(conn: psycopg.AsyncConnection[Any], where: str, n: int) -> bool:
+    got = await rows(conn, f"SELECT count(*) AS n FROM pgwork.renewal_work WHERE {where}")
+    return bool(got[0]["n"] == n)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import anyio
@@ -156,6 +157,13 @@ async def test_every_page_shows_each_state_and_runs_no_injected_script(
         assert "permanent failure: HTTP 400" in text
         await _no_script_ran(b)
         await b.screenshot(_shot(tmp_path, "work"))
+
+        await b.goto(url + "/reminder?" + urlencode({"source": "leases", "key": XSS_KEY}))
+        text = await b.text()
+        assert XSS_RECIPIENT in text and "permanent failure: HTTP 400" in text, text
+        assert "HTTP 400: " + XSS_KEY in text  # the attempt ledger, its error as text
+        await _no_script_ran(b)
+        await b.screenshot(_shot(tmp_path, "reminder"))
 
 
 @needs_chromium
@@ -301,6 +309,29 @@ async def test_pages_are_keyset_paged_and_follow_log_redact(
         status, html = await _get(s, f"{url}/channel/hook?after_id=1&after_at=yesterday")
         assert status == 400
     assert pages == 3 and len(seen) == 120 and len(set(seen)) == 120
+
+
+async def test_the_reminder_page_answers_json_redacted_and_404_for_an_unknown_one(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """What happened to one reminder, as JSON for scripts: redacted as log.redact says."""
+    ids = await _seed(dsn, conn)
+    async with _serving(dsn, log_redact="drop") as url, _client() as s:
+        q = urlencode({"source": "leases", "key": "lease:2", "format": "json"})
+        async with s.get(f"{url}/reminder?{q}") as r:
+            assert r.status == 200 and r.content_type == "application/json"
+            doc = await r.json()
+        (occ,) = doc["occurrences"]
+        assert occ["id"] == ids["lease:2"] and occ["state"] == "dead"
+        assert occ["attempts_ledger"][0]["http_status"] == 400
+        assert doc["reminder"]["recipient"] == "(redacted)" and doc["business_key"] == "(redacted)"
+        q = urlencode({"source": "leases", "key": "nosuch", "format": "json"})
+        async with s.get(f"{url}/reminder?{q}") as r:
+            assert r.status == 404
+        status, html = await _get(s, f"{url}/reminder?source=leases&key=nosuch")
+        assert status == 404 and "No such reminder" in html
+        status, html = await _get(s, f"{url}/reminder")
+        assert status == 200 and 'name="key"' in html  # the search form
 
 
 async def test_the_daemon_serves_the_page_when_web_enabled(

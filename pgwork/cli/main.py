@@ -17,6 +17,7 @@ from .channel import cmd_channel
 from .cleanup import cmd_cleanup
 from .common import CliError, Parser, count_arg, duration_arg, id_arg
 from .dlq import cmd_dlq
+from .reminder import cmd_reminder
 from .run import cmd_migrate, cmd_psql, cmd_run
 from .status import cmd_status
 from .web import cmd_web
@@ -29,6 +30,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "cleanup": cmd_cleanup,
     "web": cmd_web,
     "dlq": cmd_dlq,
+    "reminder": cmd_reminder,
     "channel": cmd_channel,
 }
 
@@ -155,6 +157,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --all: only rows whose dead reason matches this SQL LIKE pattern "
         "(e.g. 'attempt budget spent%%HTTP 5%%')",
     )
+
+    rm = sub.add_parser(
+        "reminder",
+        help="what happened to one reminder",
+        description="One reminder by its source and business key: the reminder, its next "
+        "occurrences, every work row (the latest first) with each attempt (time, answer, "
+        "duration, error, next try), dead-letter reason and last redrive, and what retention "
+        "kept of older occurrences. Also for a deleted reminder whose rows remain.",
+    )
+    rm.add_argument("source")
+    rm.add_argument("business_key", metavar="KEY")
+    rm.add_argument("--limit", type=count_arg, default=100, help="occurrences shown (100)")
+    rm.add_argument("--json", action="store_true")
 
     ch = sub.add_parser(
         "channel",

@@ -641,6 +641,57 @@ SELECT lease, attempt, outcome, retry_at, daemon_id, host, pid, started_at, fini
  WHERE work_id = %(id)s
  ORDER BY lease
 
+-- name: history_reminder
+-- What happened to a reminder (pgwork reminder, the web page's /reminder): the reminder as stored.
+SELECT r.id, r.source, r.business_key, r.channel, r.recipient, r.due_at, r.due_local, r.due_tz,
+       r.remind_before, r.recur, r.recur_until, r.recur_skip, r.paused, r.created_at, r.payload
+  FROM pgwork.reminder r
+ WHERE r.source = %(source)s AND r.business_key = %(business_key)s
+
+-- name: history_upcoming
+-- Its next occurrences, one per remind_before entry, and where each stands.
+SELECT s.deadline, s.deadline_local, s.remind_before, s.send_at, s.status
+  FROM pgwork.reminder_status s
+ WHERE s.source = %(source)s AND s.business_key = %(business_key)s
+ ORDER BY s.send_at
+
+-- name: history_work_of_reminder
+-- Its work rows, the latest send first (the occurrence key's index).
+SELECT w.id, w.deadline, w.deadline_local, w.occurrence, w.due_at, w.channel, w.status,
+       w.available_at, w.attempts - w.attempts_base AS attempts, w.created_at, w.finished_at,
+       w.last_error, w.dead_reason, w.redriven_at, w.redriven_by, w.operation_id
+  FROM pgwork.renewal_work w
+ WHERE w.reminder_id = %(reminder_id)s
+ ORDER BY w.due_at DESC, w.id DESC
+ LIMIT %(limit)s
+
+-- name: history_work_of_key
+-- The work rows left by a deleted reminder of this source and key (no index: reads the table).
+SELECT w.id, w.deadline, w.deadline_local, w.occurrence, w.due_at, w.channel, w.status,
+       w.available_at, w.attempts - w.attempts_base AS attempts, w.created_at, w.finished_at,
+       w.last_error, w.dead_reason, w.redriven_at, w.redriven_by, w.operation_id
+  FROM pgwork.renewal_work w
+ WHERE w.source = %(source)s AND w.business_key = %(business_key)s
+ ORDER BY w.due_at DESC, w.id DESC
+ LIMIT %(limit)s
+
+-- name: history_attempts
+-- The ledger of those work rows (its primary key).
+SELECT a.work_id, a.lease, a.attempt, a.outcome, a.started_at, a.finished_at,
+       a.finished_at - a.started_at AS took, a.http_status, a.error_class, a.error, a.retry_at,
+       a.host, a.pid
+  FROM pgwork.attempt a
+ WHERE a.work_id = ANY (%(work_ids)s::bigint[])
+ ORDER BY a.work_id, a.lease
+
+-- name: history_retired
+-- What retention left of its older occurrences: their identity and outcome.
+SELECT t.deadline, t.deadline_local, t.occurrence, t.status, t.operation_id, t.finished_at, t.retired_at
+  FROM pgwork.retired t
+ WHERE t.reminder_id = %(reminder_id)s
+ ORDER BY t.deadline DESC, t.occurrence
+ LIMIT %(limit)s
+
 -- name: dlq_redrive
 -- Give dead rows a fresh attempt budget, same operation id: the ids given, or all (optionally of
 -- one channel, dead within the last `since`, with a dead_reason LIKE the pattern). Rows whose reminder was deleted or

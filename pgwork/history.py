@@ -1,0 +1,75 @@
+"""What happened to one reminder: the reminder, its next occurrences, every work row with its
+attempts, and what retention kept of older ones (``pgwork reminder``, the web page's
+``/reminder``). Read-only, from the daemon's role."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import store
+from .store import Conn
+
+#: How many occurrences (work rows, tombstones) are shown, the latest first.
+DEFAULT_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class History:
+    source: str
+    business_key: str
+    #: As stored; None when it was deleted (or never existed).
+    reminder: dict[str, Any] | None
+    #: The next occurrence per remind_before entry (``pgwork.reminder_status``).
+    upcoming: list[dict[str, Any]]
+    #: Work rows, the latest deadline first, each with its ``attempts_ledger``.
+    occurrences: list[dict[str, Any]]
+    #: Older occurrences whose rows retention removed: identity and outcome only.
+    retired: list[dict[str, Any]]
+    now: datetime
+
+    @property
+    def known(self) -> bool:
+        return self.reminder is not None or bool(self.occurrences)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "business_key": self.business_key,
+            "reminder": self.reminder,
+            "upcoming": self.upcoming,
+            "occurrences": self.occurrences,
+            "retired": self.retired,
+        }
+
+
+def state(row: dict[str, Any], now: datetime) -> str:
+    """A work row's status, saying when a ready row is not claimable yet: a look-ahead row
+    before its due time, or a retry before its next try."""
+    if row["status"] == "ready" and row["available_at"] > now:
+        return "retry waiting" if row["attempts"] else "ready, not yet due"
+    return str(row["status"])
+
+
+async def reminder_history(
+    conn: Conn, *, source: str, business_key: str, limit: int = DEFAULT_LIMIT
+) -> History:
+    reminder = await store.history_reminder(conn, source=source, business_key=business_key)
+    rid = reminder["id"] if reminder else None
+    upcoming = (
+        await store.history_upcoming(conn, source=source, business_key=business_key)
+        if reminder
+        else []
+    )
+    work = await store.history_work(
+        conn, reminder_id=rid, source=source, business_key=business_key, limit=limit
+    )
+    ledger: dict[int, list[dict[str, Any]]] = {w["id"]: [] for w in work}
+    if work:
+        for a in await store.history_attempts(conn, work_ids=list(ledger)):
+            ledger[a.pop("work_id")].append(a)
+    now = await store.db_now(conn)
+    occurrences = [{**w, "state": state(w, now), "attempts_ledger": ledger[w["id"]]} for w in work]
+    retired = await store.history_retired(conn, reminder_id=rid, limit=limit) if rid else []
+    return History(source, business_key, reminder, upcoming, occurrences, retired, now)
