@@ -389,6 +389,29 @@ async def channel_resume(conn: Conn, *, channel: str, actor: str) -> bool:
     ).changed
 
 
+@dataclass(frozen=True)
+class ChannelUse:
+    #: Reminders that name the channel, and its live (ready, claimed) work rows.
+    reminders: int
+    live: int
+
+
+async def channel_retire(conn: Conn, *, channel: str, cancel: bool) -> ChannelUse | None:
+    """Remove ``channel`` when nothing uses it (or, ``cancel``, after deleting its reminders);
+    None if there is no such channel. Returns what used it: when that is anything and not
+    ``cancel``, nothing is changed. Needs the schema owner's rights (it deletes reminders)."""
+    async with conn.transaction():
+        got = await _rows(conn, "channel_retire_hold", ChannelUse, {"channel": channel})
+        if not got:
+            return None
+        use = got[0]
+        if (use.reminders or use.live) and not cancel:
+            return use
+        await _exec(conn, "channel_retire_cancel", {"channel": channel})
+        await _exec(conn, "channel_retire", {"channel": channel})
+        return use
+
+
 async def daemon_register(
     conn: Conn,
     *,
@@ -823,6 +846,12 @@ class TableHealth:
     table: str
     dead_tuples: int
     live_tuples: int
+
+
+async def oldest_overdue_channel(conn: Conn) -> str | None:
+    """The channel of the oldest overdue live row, if any."""
+    got = await _dicts(conn, "oldest_overdue_channel", {})
+    return str(got[0]["channel"]) if got else None
 
 
 async def table_health(conn: Conn) -> list[TableHealth]:

@@ -587,3 +587,49 @@ async def test_what_happened_to_a_series_shows_its_next_deadline_and_retired_one
 async def _count(conn: psycopg.AsyncConnection[Any], where: str, n: int) -> bool:
     got = await rows(conn, f"SELECT count(*) AS n FROM pgwork.renewal_work WHERE {where}")
     return bool(got[0]["n"] == n)
+
+
+async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Channels registered by an old config could not be removed, and a 410-paused channel
+    nobody will resume kept `status --max-lag` failing for ever, without saying where."""
+    await conn.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('old-crm', 'webhook')")
+    await add(conn, "k1", "now() - interval '2 hours'", channel="old-crm")
+    await add(conn, "k2", "now() + interval '1 day'", channel="old-crm")
+    await add(conn, "other", "now() + interval '1 day'", channel="log")
+    await materialise(dsn)
+    await conn.execute(
+        "SELECT pgwork.pause_channel('old-crm', 'HTTP 410 from https://old.example/hook', 'pgwork')"
+    )
+    r = pgwork("status", "--max-lag", "5m", dsn=dsn)
+    assert r.returncode == 1 and "channel old-crm, PAUSED" in r.stderr, r.stderr
+    assert "pgwork channel retire old-crm --cancel" in r.stderr, r.stderr
+
+    # Refused while reminders name it; nothing changed.
+    r = pgwork("channel", "retire", "old-crm", dsn=dsn)
+    assert r.returncode == 1 and "2 reminder(s), 1 live work row(s)" in r.stderr, r.stderr
+    assert len(await rows(conn, "SELECT 1 FROM pgwork.reminder WHERE channel = 'old-crm'")) == 2
+
+    # The daemon's role may not delete reminders: a clear error, nothing changed.
+    role = f"pgwork_t_daemon_{os.getpid()}"
+    await conn.execute(f"DROP ROLE IF EXISTS {role}")
+    await conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE pgwork_daemon")
+    try:
+        as_daemon = psycopg.conninfo.make_conninfo(dsn, user=role)
+        r = pgwork("channel", "retire", "old-crm", "--cancel", dsn=as_daemon)
+        assert r.returncode == 2 and "schema's owner" in r.stderr, r.stderr
+        assert len(await rows(conn, "SELECT 1 FROM pgwork.channel WHERE name = 'old-crm'")) == 1
+    finally:
+        await conn.execute(f"DROP OWNED BY {role}")
+        await conn.execute(f"DROP ROLE {role}")
+
+    r = pgwork("channel", "retire", "old-crm", "--cancel", dsn=dsn)
+    assert r.returncode == 0 and "deleted its 2 reminder(s)" in r.stdout, r.stderr
+    assert await rows(conn, "SELECT 1 FROM pgwork.channel WHERE name = 'old-crm'") == []
+    live = await rows(conn, "SELECT status FROM pgwork.renewal_work WHERE channel = 'old-crm'")
+    assert [x["status"] for x in live] == ["cancelled"], live
+    assert len(await rows(conn, "SELECT 1 FROM pgwork.reminder")) == 1  # the other channel's
+    assert pgwork("status", "--max-lag", "5m", dsn=dsn).returncode == 0
+    r = pgwork("channel", "retire", "old-crm", dsn=dsn)
+    assert r.returncode == 1 and "no channel named 'old-crm'" in r.stderr

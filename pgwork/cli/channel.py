@@ -1,4 +1,4 @@
-"""`pgwork channel`: list, pause and resume channels."""
+"""`pgwork channel`: list, pause, resume and retire channels."""
 
 from __future__ import annotations
 
@@ -57,6 +57,15 @@ def cmd_channel(args: argparse.Namespace, cfg: Config) -> int:
         await db.check_schema(conn)
         if args.channel_cmd == "list":
             return [channel_row(c) for c in await store.channel_states(conn)]
+        if args.channel_cmd == "retire":
+            try:
+                return await store.channel_retire(conn, channel=args.name, cancel=args.cancel)
+            except psycopg.errors.InsufficientPrivilege:
+                raise CliError(
+                    "retiring a channel deletes rows the daemon's role may not: run it as the "
+                    "schema's owner (the role that runs `pgwork migrate`)",
+                    2,
+                ) from None
         try:
             if args.channel_cmd == "pause":
                 return await store.channel_pause(
@@ -77,6 +86,8 @@ def cmd_channel(args: argparse.Namespace, cfg: Config) -> int:
             print(to_json(got))
         else:
             print(table(got, CHANNEL_COLUMNS) if got else "no channels registered")
+    elif args.channel_cmd == "retire":
+        return _retired(args.name, got, args.cancel)
     elif args.channel_cmd == "pause":
         print(
             f"paused channel {args.name}: every daemon holds its work until `pgwork channel resume`"
@@ -89,4 +100,27 @@ def cmd_channel(args: argparse.Namespace, cfg: Config) -> int:
             if got
             else f"channel {args.name} was not paused or throttled"
         )
+    return 0
+
+
+def _retired(name: str, use: store.ChannelUse | None, cancel: bool) -> int:
+    if use is None:
+        raise CliError(f"no channel named {name!r} (`pgwork channel list` shows them)", 1)
+    if (use.reminders or use.live) and not cancel:
+        raise CliError(
+            f"channel {name} is still used: {use.reminders} reminder(s), {use.live} live work "
+            f"row(s); point those reminders at another channel (UPDATE pgwork.reminder SET "
+            f"channel = …), or pass --cancel to delete them (their unsent work is cancelled, "
+            f"never sent). Nothing was changed.",
+            1,
+        )
+    print(
+        f"retired channel {name}"
+        + (
+            f"; deleted its {use.reminders} reminder(s), their unsent work cancelled"
+            if cancel
+            else ""
+        )
+        + ". Remove it from every daemon's config: a daemon that still has it registers it again."
+    )
     return 0

@@ -186,6 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--reason", help="why (shown by status and the channel list)")
     re_ = csub.add_parser("resume", help="resume a paused channel and lift any throttle")
     re_.add_argument("name")
+    rt_ = csub.add_parser(
+        "retire",
+        help="remove a channel no daemon serves any more",
+        description="Remove a channel that an old config registered. Refused while reminders "
+        "name it or it has live work, unless --cancel says to delete those reminders (their "
+        "unsent work is cancelled, never sent). Run as the schema's owner.",
+    )
+    rt_.add_argument("name")
+    rt_.add_argument(
+        "--cancel",
+        action="store_true",
+        help="delete the channel's reminders, cancelling their work",
+    )
     return p
 
 

@@ -43,6 +43,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         return {
             "work": [asdict(r) for r in await store.work_states(conn)],
             "lag": asdict(await store.lag(conn)),
+            "lag_channel": await store.oldest_overdue_channel(conn),
             "materialiser": asdict(await store.materialiser_state(conn)),
             "daemons": [asdict(r) for r in await store.daemons(conn)],
             "retention": asdict(await store.retention_state(conn)),
@@ -137,7 +138,10 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     if holders:
         return 4
     if args.max_lag is not None and lag > args.max_lag:
-        print(f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s", file=sys.stderr)
+        print(
+            f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s" + _lag_cause(st),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -163,3 +167,19 @@ def _lock_holders(holders: list[dict[str, Any]]) -> str:
         )
     lines.append("  (end it with SELECT pg_terminate_backend(pid), or ask its owner to commit)")
     return "\n".join(lines)
+
+
+def _lag_cause(st: dict[str, Any]) -> str:
+    """Where the lag is: the oldest overdue row's channel, and whether it is paused (a receiver
+    gone for good pauses its channel with 410: retire the channel if nobody will resume it)."""
+    name = st.get("lag_channel")
+    if name is None:
+        return " (a reminder that is due has no work row yet: is a daemon running?)"
+    chan = next((c for c in st["channels"] if c["name"] == name), None)
+    if chan is not None and chan["state"] != "running":
+        return (
+            f" (the oldest overdue work is on channel {name}, {chan['state']}: {chan['why']}; "
+            f"`pgwork channel resume {name}`, or `pgwork channel retire {name} --cancel` if "
+            f"it is gone for good)"
+        )
+    return f" (the oldest overdue work is on channel {name})"

@@ -737,6 +737,25 @@ SELECT w.id, w.channel, w.source, w.business_key, w.attempts - w.attempts_base A
 -- The status of each work row named, for the ids a redrive did not find dead.
 SELECT w.id, w.status FROM pgwork.renewal_work w WHERE w.id = ANY (%(ids)s::bigint[]) ORDER BY w.id
 
+-- name: channel_retire_hold
+-- Retiring a channel (pgwork channel retire), in one transaction: lock its row (a daemon starting
+-- meanwhile waits to register it), and count what still uses it. NULL when there is no such
+-- channel. Neither count has an index: an operator's rare command reads both tables.
+SELECT (SELECT count(*) FROM pgwork.reminder r WHERE r.channel = c.name) AS reminders,
+       (SELECT count(*) FROM pgwork.renewal_work w
+         WHERE w.channel = c.name AND w.status IN ('ready', 'claimed')) AS live
+  FROM pgwork.channel c
+ WHERE c.name = %(channel)s
+   FOR UPDATE OF c
+
+-- name: channel_retire_cancel
+-- Told to: delete the channel's reminders. The reminders' triggers cancel their unsent work (never
+-- sent); a row in flight keeps its lease and its outcome is recorded as always.
+DELETE FROM pgwork.reminder r WHERE r.channel = %(channel)s
+
+-- name: channel_retire
+DELETE FROM pgwork.channel c WHERE c.name = %(channel)s
+
 -- name: channel_exists
 SELECT EXISTS (SELECT FROM pgwork.channel c WHERE c.name = %(name)s) AS exists
 
@@ -773,6 +792,13 @@ SELECT greatest(w.lag, r.lag, 0)::float8 AS lag_seconds,
                     WHERE next_fire_at IS NULL OR next_fire_at < 'infinity'
                     ORDER BY coalesce(next_fire_at, due_at), id
                     LIMIT 1)) AS lag) AS r
+
+-- name: oldest_overdue_channel
+-- The channel of the oldest overdue live row: what `status --max-lag` names when lag is too high
+-- (bounded by the live rows, like lag).
+SELECT w.channel FROM pgwork.renewal_work w
+ WHERE w.status IN ('ready', 'claimed') AND w.due_at <= now()
+ ORDER BY w.due_at LIMIT 1
 
 -- name: materialiser_state
 SELECT last_cutoff, last_pass_at, last_inserted, last_duration_ms, total_inserted,
