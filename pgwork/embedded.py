@@ -82,6 +82,9 @@ class LocalServer:
         self._as_root = os.geteuid() == 0
         self.port: int | None = None
         self.started_here = False
+        #: The pid of the pgwork process that started the server this one adopted, when that
+        #: process is gone (SIGKILLed: it could not stop its server); None otherwise.
+        self.orphaned_by: int | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -132,6 +135,26 @@ class LocalServer:
             return None
         return port
 
+    @property
+    def owner_file(self) -> Path:
+        """Beside the data directory: the pid of the pgwork process that started the server and
+        will stop it."""
+        return self.data_dir.with_name(self.data_dir.name + ".owner")
+
+    def _owner_gone(self) -> int | None:
+        """The recorded owner's pid if that process no longer exists."""
+        try:
+            pid = int(self.owner_file.read_text().split()[0])
+            os.kill(pid, 0)
+        except (OSError, ValueError, IndexError) as e:
+            return pid if isinstance(e, ProcessLookupError) else None
+        return None
+
+    def take_over(self) -> None:
+        """Become the owner of an adopted server: stop it at the end like one started here."""
+        self.owner_file.write_text(f"{os.getpid()}\n")
+        self.started_here = True
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def init(self) -> None:
@@ -161,6 +184,7 @@ class LocalServer:
         running = self.running_port()
         if running is not None:
             self.port = running
+            self.orphaned_by = self._owner_gone()
             return running
         self.port = port or _free_port()
         opts = [f"-p {self.port}", "-h 127.0.0.1", "-k ''"]
@@ -185,7 +209,7 @@ class LocalServer:
             with contextlib.suppress(OSError):
                 tail = logfile.read_text()[-2000:]
             raise EmbeddedError(f"the local server did not start: {r.stderr.strip()}\n{tail}")
-        self.started_here = True
+        self.take_over()
         log.info(
             "local postgres started", extra={"data_dir": str(self.data_dir), "port": self.port}
         )
@@ -198,6 +222,7 @@ class LocalServer:
             "pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "-t", "60", "stop", timeout=90
         )
         self.started_here = False
+        self.owner_file.unlink(missing_ok=True)
 
     def destroy(self) -> None:
         self.stop("immediate")

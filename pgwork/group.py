@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,8 +105,11 @@ class Group:
         argv: Sequence[str],
         notifier: Notifier | None = None,
         env: Mapping[str, str] | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        #: Called once every child is ready (the welcome of an embedded run).
+        self.on_ready = on_ready
         self.dsn = dsn
         self.n = n
         #: The child's command line: ``pgwork [global options] run``.
@@ -190,6 +193,8 @@ class Group:
                 self.announced = True
                 self.notifier.ready(f"running: {self.n} processes")
                 log.info("pgwork group ready", extra={"processes": self.n})
+                if self.on_ready is not None:
+                    self.on_ready()
             if timeout and feed_every and now - fed >= feed_every and not self.signals:
                 # Fed only while every child fed its own within the timeout.
                 if self.announced and all(now - c.fed_at < timeout for c in self.children):

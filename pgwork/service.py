@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 
 import anyio
 
@@ -37,8 +38,15 @@ async def watchdog(daemon: Daemon, notifier: Notifier) -> None:
         await anyio.sleep(interval)
 
 
-async def serve(daemon: Daemon, *, signals: bool = True, notifier: Notifier | None = None) -> None:
-    """Run ``daemon`` until SIGTERM/SIGINT (or ``request_stop``) ends it, speaking sd_notify."""
+async def serve(
+    daemon: Daemon,
+    *,
+    signals: bool = True,
+    notifier: Notifier | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run ``daemon`` until SIGTERM/SIGINT (or ``request_stop``) ends it, speaking sd_notify;
+    ``on_ready`` is called once it is ready (every duty started), never before an error."""
     notifier = notifier or Notifier()
     try:
         async with anyio.create_task_group() as tg:
@@ -57,6 +65,8 @@ async def serve(daemon: Daemon, *, signals: bool = True, notifier: Notifier | No
             if daemon.ready.is_set():
                 notifier.ready(f"running: daemon {daemon.daemon_id}")
                 tg.start_soon(watchdog, daemon, notifier)
+                if on_ready is not None:
+                    on_ready()
             await daemon.finished.wait()
             notifier.stopping("stopped")
             tg.cancel_scope.cancel()

@@ -633,3 +633,78 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
     assert pgwork("status", "--max-lag", "5m", dsn=dsn).returncode == 0
     r = pgwork("channel", "retire", "old-crm", dsn=dsn)
     assert r.returncode == 1 and "no channel named 'old-crm'" in r.stderr
+
+
+def _run_embedded(cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgwork", "run"],
+        cwd=cwd,
+        env=e,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+
+
+def _wait_text(log: Path, text: str, p: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert p.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
+def test_a_killed_embedded_run_leaves_its_server_to_the_next_run_which_stops_it(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILLed `pgwork run` left its embedded server running; the next run adopted it
+    silently and did not stop it either. Now it says so, and stops it at its end."""
+    import signal
+
+    from pgwork.embedded import LocalServer
+
+    server = LocalServer(tmp_path / ".pgwork" / "pgdata")
+    first = _run_embedded(tmp_path, tmp_path / "first.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _wait_text(tmp_path / "first.log", "pgwork is running on the embedded Postgres", first)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert server.running_port() is not None  # what SIGKILL leaves behind
+
+        second = _run_embedded(tmp_path, tmp_path / "second.log")
+        _wait_text(tmp_path / "second.log", "pgwork is running on the embedded Postgres", second)
+        said = (tmp_path / "second.log").read_text()
+        assert f"left running by pgwork process {first.pid}, which is gone" in said, said
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(60) == 0, (tmp_path / "second.log").read_text()
+        assert server.running_port() is None, "the second run did not stop the server"
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+        server.stop("immediate")
+
+
+def test_the_welcome_is_not_printed_above_an_error_that_stops_the_run(tmp_path: Path) -> None:
+    """The embedded run's welcome ("pgwork is running…") was printed before a configuration
+    error found at start stopped it."""
+    cfg = tmp_path / "pgwork.toml"
+    cfg.write_text('[channels.crm]\nkind = "python"\ntarget = "nosuch_module:deliver"\n')
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    r = subprocess.run(
+        [sys.executable, "-m", "pgwork", "--config", str(cfg), "run"],
+        cwd=tmp_path,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "cannot import module 'nosuch_module'" in r.stderr, r.stderr
+    assert "pgwork is running" not in r.stderr, r.stderr
+    from pgwork.embedded import LocalServer
+
+    assert LocalServer(tmp_path / ".pgwork" / "pgdata").running_port() is None

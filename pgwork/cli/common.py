@@ -8,6 +8,7 @@ import getpass
 import json
 import os
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -71,6 +72,16 @@ class Database:
                 self.server = LocalServer(cfg.embedded_dir)
                 if start_embedded:
                     self.server.start()
+                    if create and self.server.orphaned_by is not None:
+                        # `pgwork run` after a run that was killed (SIGKILL cannot be caught):
+                        # its server is still up; this run uses it and stops it at the end.
+                        self.server.take_over()
+                        print(
+                            f"pgwork: the embedded server in {self.server.data_dir} was left "
+                            f"running by pgwork process {self.server.orphaned_by}, which is gone "
+                            "(killed?): using it, and stopping it when this run ends",
+                            file=sys.stderr,
+                        )
             except OSError as e:
                 raise ConfigError(
                     f"database.embedded_dir: cannot use {str(cfg.embedded_dir)!r} for the embedded "

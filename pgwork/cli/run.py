@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -40,12 +41,14 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
         provider = setup_sdk()  # before the database: a missing extra is a config error
     database = Database(cfg, create=True)
     try:
+        welcome = None
         if database.embedded:
             print(migrate_schema(database.dsn), file=sys.stderr)
-            _print_welcome(database, cfg)
+            welcome = partial(_print_welcome, database, cfg)
 
         async def main() -> None:
-            await serve(Daemon(cfg, database.dsn))
+            # The welcome once the daemon is ready: never above an error that stops it.
+            await serve(Daemon(cfg, database.dsn), on_ready=welcome)
 
         eventloop.run(main, cfg.event_loop)
     finally:
@@ -62,11 +65,12 @@ def _run_group(args: argparse.Namespace, cfg: Config, processes: int) -> int:
 
     database = Database(cfg, create=True)
     try:
+        welcome = None
         if database.embedded:
             print(migrate_schema(database.dsn), file=sys.stderr)
-            _print_welcome(database, cfg)
+            welcome = partial(_print_welcome, database, cfg)
         argv = (["--config", args.config] if args.config else []) + ["run"]
-        return Group(cfg, database.dsn, processes, argv).run()
+        return Group(cfg, database.dsn, processes, argv, on_ready=welcome).run()
     finally:
         database.close()
 
