@@ -32,7 +32,7 @@ def test_blocks_that_cannot_run_are_few_and_say_why() -> None:
     marks = [
         (page.relative_to(ROOT), m.group(1))
         for page in PAGES
-        for m in re.finditer(r"<!--\s*skip:\s*(.*?)\s*-->", page.read_text())
+        for m in re.finditer(r"<!--\s*skip:\s*(.*?)\s*-->", page.read_text(), re.DOTALL)
     ]
     assert marks, "the count below would not be checking anything"
     for page, arguments in marks:
