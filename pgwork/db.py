@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from . import SCHEMA_VERSION, store
-from .queries import migration_sql, schema_sql
+from .queries import code_sql, migration_sql, tables_sql
 from .supervise import Backoff
 
 log = logging.getLogger("pgwork.db")
@@ -230,7 +230,9 @@ async def migrate(conn: AsyncConnection[Any]) -> str:
         await store.migrate_lock(conn)
         v = await schema_version(conn)
         if v is None:
-            await conn.execute(schema_sql())
+            await conn.execute(tables_sql())
+            await conn.execute(code_sql())
+            await store.schema_version_set(conn, SCHEMA_VERSION)
             return f"installed pgwork schema version {SCHEMA_VERSION}"
         if v > SCHEMA_VERSION:
             raise SchemaError(
@@ -240,6 +242,13 @@ async def migrate(conn: AsyncConnection[Any]) -> str:
         if v == SCHEMA_VERSION:
             await store.time_zones_refresh(conn)
             return f"pgwork schema already at version {v}"
-        for step in range(v + 1, SCHEMA_VERSION + 1):
-            await conn.execute(migration_sql(step))
+        steps = [migration_sql(step) for step in range(v + 1, SCHEMA_VERSION + 1)]
+        for before, _after in steps:
+            await conn.execute(before)
+        # The code once, as it is now (a renamed or dropped signature is a migration's DROP).
+        await conn.execute(code_sql())
+        for _before, after in steps:
+            if after.strip():
+                await conn.execute(after)
+        await store.schema_version_set(conn, SCHEMA_VERSION)
         return f"upgraded pgwork schema from version {v} to {SCHEMA_VERSION}"

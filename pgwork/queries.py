@@ -70,11 +70,39 @@ def positional(sql: str) -> Positional:
 P: dict[str, Positional] = {name: positional(sql) for name, sql in Q.items() if len(sql) > LONG}
 
 
-def schema_sql() -> LiteralString:
-    """The full current schema (``schema.sql``)."""
+#: The code files (functions, triggers, views, policies, grants), one per concern, in the order
+#: they are applied: each uses only what the tables and the files before it define.
+CODE = (
+    "occurrence",
+    "recurrence",
+    "work",
+    "reminder_triggers",
+    "channel_control",
+    "tenancy",
+    "app_views",
+    "series",
+    "page",
+    "roles",
+)
+
+#: In a migration, what follows this line runs after the code files: a backfill that calls the
+#: new code (the rest of the migration runs before them, with the code of the version it left).
+AFTER_CODE = "-- pgwork: after the code"
+
+
+def tables_sql() -> LiteralString:
+    """The tables of a fresh install (``schema.sql``)."""
     return cast(LiteralString, _read("schema.sql"))  # type: ignore[redundant-cast]
 
 
-def migration_sql(version: int) -> LiteralString:
-    """The step that brings the schema from ``version - 1`` to ``version`` (``migrations/NNN.sql``)."""
-    return cast(LiteralString, _read(f"migrations/{version:03d}.sql"))  # type: ignore[redundant-cast]
+def code_sql() -> LiteralString:
+    """Every code file, in order: re-applied by each migrate that changes the version."""
+    return cast(LiteralString, "\n".join(_read(f"code/{name}.sql") for name in CODE))  # type: ignore[redundant-cast]
+
+
+def migration_sql(version: int) -> tuple[LiteralString, LiteralString]:
+    """The step that brings the tables from ``version - 1`` to ``version``
+    (``migrations/NNN.sql``): what runs before the code files, and what runs after them."""
+    text = _read(f"migrations/{version:03d}.sql")
+    before, _, after = text.partition(AFTER_CODE)
+    return cast(LiteralString, before), cast(LiteralString, after)  # type: ignore[redundant-cast]

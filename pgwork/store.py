@@ -128,6 +128,10 @@ async def schema_version(conn: Conn) -> int:
     return (await _one(conn, "schema_version", _Version)).version
 
 
+async def schema_version_set(conn: Conn, version: int) -> None:
+    await _exec(conn, "schema_version_set", {"version": version})
+
+
 async def migrate_lock(conn: Conn) -> None:
     await _exec(conn, "migrate_lock")
 

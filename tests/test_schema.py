@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,6 +77,14 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
         "WHERE table_schema = 'pgwork' AND grantee LIKE 'pgwork\\_%' ORDER BY 1, 2, 3",
         "usage": "SELECT grantee, object_name, object_type FROM information_schema.role_usage_grants "
         "WHERE object_schema = 'pgwork' AND grantee LIKE 'pgwork\\_%' ORDER BY 1, 2, 3",
+        "function_comments_and_acls": "SELECT p.proname, pg_get_function_identity_arguments(p.oid), "
+        "obj_description(p.oid, 'pg_proc'), p.proacl::text FROM pg_proc p "
+        "WHERE p.pronamespace = 'pgwork'::regnamespace ORDER BY 1, 2",
+        "policies": "SELECT tablename, policyname, permissive, roles::text, cmd, qual, with_check "
+        "FROM pg_policies WHERE schemaname = 'pgwork' ORDER BY 1, 2",
+        "types": "SELECT t.typname, t.typtype, pg_catalog.format_type(t.typbasetype, t.typtypmod) "
+        "FROM pg_type t WHERE t.typnamespace = 'pgwork'::regnamespace AND t.typrelid = 0 "
+        "AND t.typelem = 0 ORDER BY 1",
         "version": "SELECT version FROM pgwork.schema_version",
     }
     out: dict[str, list[Any]] = {}
@@ -85,7 +94,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     return out
 
 
-@pytest.mark.parametrize("old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13])
+@pytest.mark.parametrize("old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14])
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -95,9 +104,15 @@ async def test_upgrade_equals_a_fresh_install(
         await c.execute(schema)
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
         await add(c, "kept-through-upgrade", "now() + interval '1 day'")
-        assert f"upgraded pgwork schema from version {old} to {SCHEMA_VERSION}" in await db.migrate(
-            c
+        said = await db.migrate(c)
+        # The snapshot of this version (a fresh install before the code had its own files)
+        # must equal a fresh install of this tree too.
+        expected = (
+            f"upgraded pgwork schema from version {old} to {SCHEMA_VERSION}"
+            if old < SCHEMA_VERSION
+            else f"pgwork schema already at version {old}"
         )
+        assert expected in said
         await db.check_schema(c)
         upgraded = await _catalog(c)
         assert len(await rows(c, "SELECT * FROM pgwork.reminder_status")) == 1
@@ -503,11 +518,16 @@ def test_every_named_statement_has_one_typed_function() -> None:
 
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
     # Run inside another function's transaction: claim_lock in claim_work's, batch_limits in
-    # retention_delete_batch's, commit_synchronously in materialise_page's.
+    # retention_delete_batch's, commit_synchronously in materialise_page's, the retire steps in
+    # channel_retire's; or one of two a function chooses (history_work).
     inner = {
         "claim_lock",
         "batch_limits",
         "commit_synchronously",
+        "channel_retire_hold",
+        "channel_retire_cancel",
+        "history_work_of_reminder",
+        "history_work_of_key",
     }
     assert set(Q) - inner <= bound, set(Q) - bound
     package = Path(__file__).resolve().parent.parent / "pgwork"
@@ -638,3 +658,55 @@ async def test_a_send_before_the_deadline_never_fires_after_it_in_a_dst_gap(
     ]
     (r,) = await rows(conn, "SELECT next_fire_at, due_at FROM pgwork.reminder")
     assert r["next_fire_at"] <= r["due_at"]
+
+
+# -- where the SQL lives ---------------------------------------------------------------------
+
+SQL = Path(__file__).resolve().parent.parent / "pgwork" / "sql"
+_DEFINES = re.compile(
+    r"^CREATE (?:OR REPLACE )?(FUNCTION|TRIGGER|VIEW|POLICY) (pgwork\.\w+|\w+)", re.MULTILINE
+)
+
+
+def _definitions(text: str) -> list[tuple[str, str]]:
+    return [(kind, name) for kind, name in _DEFINES.findall(text)]
+
+
+def test_every_function_trigger_view_and_policy_is_defined_in_one_code_file() -> None:
+    from pgwork.queries import CODE
+
+    files = sorted(p.stem for p in (SQL / "code").glob("*.sql"))
+    assert sorted(CODE) == files, "pgwork.queries.CODE lists every code file, once"
+    seen: dict[tuple[str, str], str] = {}
+    for name in CODE:
+        for d in _definitions((SQL / "code" / f"{name}.sql").read_text()):
+            assert d not in seen, f"{d} is defined in {seen[d]} and {name}"
+            seen[d] = name
+    assert len(seen) > 40
+    # The tables file holds tables; the only function there is the domains' value rule.
+    assert _definitions((SQL / "schema.sql").read_text()) == [("FUNCTION", "pgwork.is_trimmed")]
+
+
+def test_migrations_carry_table_changes_and_no_copy_of_the_code() -> None:
+    """A migration from 15 on defines no function, trigger, view or policy: those are the code
+    files' (re-applied by migrate). Older steps keep what is history: earlier versions of the
+    code, which their own later statements use; never a copy of the code as it is now."""
+    from pgwork import SCHEMA_VERSION
+    from pgwork.queries import CODE
+
+    code = "\n".join((SQL / "code" / f"{n}.sql").read_text() for n in CODE)
+    bodies = {
+        m.group(1): m.group(2)
+        for m in re.finditer(
+            r"^CREATE OR REPLACE FUNCTION (pgwork\.\w+)\(.*?((\$\w*\$).*?\3)", code, re.M | re.S
+        )
+    }
+    assert len(bodies) > 20
+    #: 010's version of the status view (history) calls rls_exempt before the code is applied.
+    needed_by_history = {10: {"pgwork.rls_exempt"}}
+    for step in range(2, SCHEMA_VERSION + 1):
+        text = (SQL / "migrations" / f"{step:03d}.sql").read_text()
+        if step >= 15:
+            assert not _definitions(text), f"{step:03d}.sql defines code: move it to code/"
+        copied = {n for n, b in bodies.items() if b in text} - needed_by_history.get(step, set())
+        assert not copied, f"{step:03d}.sql repeats the code of {sorted(copied)}"

@@ -9,6 +9,11 @@ SELECT to_regclass('pgwork.schema_version') IS NOT NULL AS installed
 -- name: schema_version
 SELECT version FROM pgwork.schema_version
 
+-- name: schema_version_set
+-- The version a migrate leaves (pgwork.SCHEMA_VERSION): written here only.
+INSERT INTO pgwork.schema_version (version) VALUES (%(version)s)
+    ON CONFLICT (singleton) DO UPDATE SET version = excluded.version, applied_at = now()
+
 -- name: migrate_lock
 -- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
 SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))

@@ -74,27 +74,6 @@ BEGIN
 END
 $$;
 
--- Checks on app writes (rows already stored are left as they are).
-CREATE FUNCTION pgwork.jsonb_nesting_within(doc jsonb, max_depth integer) RETURNS boolean
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    -- Walks containers only, and no deeper than max_depth + 1: cheap for any document.
-    WITH RECURSIVE walk(v, depth) AS (
-        SELECT doc, 1
-        UNION ALL
-        SELECT c.v, w.depth + 1
-          FROM walk w
-         CROSS JOIN LATERAL (
-               SELECT value FROM jsonb_each(CASE WHEN jsonb_typeof(w.v) = 'object' THEN w.v END)
-               UNION ALL
-               SELECT value FROM jsonb_array_elements(CASE WHEN jsonb_typeof(w.v) = 'array' THEN w.v END)
-         ) AS c(v)
-         WHERE w.depth <= max_depth AND jsonb_typeof(c.v) IN ('object', 'array')
-    )
-    SELECT max(depth) <= max_depth FROM walk
-$$;
-COMMENT ON FUNCTION pgwork.jsonb_nesting_within(jsonb, integer) IS
-    'Whether a JSON document nests containers at most max_depth levels deep.';
-
 CREATE TABLE pgwork.time_zone (
     name text PRIMARY KEY
 );

@@ -89,10 +89,6 @@ COMMENT ON TABLE pgwork.retired IS
     'work can never cause a second send (not even after the deadline moves away and back). Removed '
     'with the reminder.';
 
-CREATE OR REPLACE FUNCTION pgwork.is_terminal(status text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
-
 CREATE OR REPLACE FUNCTION pgwork.reminder_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -196,55 +192,6 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- Channel control, for operators (apps cannot: they lack UPDATE on pgwork.channel)
--- ---------------------------------------------------------------------------------------------
-
-CREATE FUNCTION pgwork.pause_channel(channel_name text, reason text DEFAULT NULL, actor text DEFAULT NULL)
-RETURNS boolean LANGUAGE plpgsql AS $$
--- Pause a channel: every daemon stops claiming its work at once (a NOTIFY tells them) and gives
--- back rows it claimed but has not started. Returns false when it was already paused.
-BEGIN
-    UPDATE pgwork.channel
-       SET paused = true, paused_at = now(), paused_by = coalesce(actor, session_user), paused_reason = reason
-     WHERE name = channel_name AND NOT paused;
-    IF FOUND THEN
-        PERFORM pg_notify('pgwork_channel', channel_name);
-        RETURN true;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pgwork.channel WHERE name = channel_name) THEN
-        RAISE EXCEPTION 'pgwork: no channel named "%"', channel_name
-            USING ERRCODE = 'no_data_found', HINT = 'SELECT name FROM pgwork.channel lists them.';
-    END IF;
-    RETURN false;
-END
-$$;
-COMMENT ON FUNCTION pgwork.pause_channel(text, text, text) IS
-    'Pause a channel (its work waits; nothing is dropped or counted). Returns false if already paused.';
-
-CREATE FUNCTION pgwork.resume_channel(channel_name text, actor text DEFAULT NULL)
-RETURNS boolean LANGUAGE plpgsql AS $$
--- Resume a paused channel, and lift a throttle: the operator says the receiver is ready.
--- Returns false when it was neither paused nor throttled.
-BEGIN
-    UPDATE pgwork.channel
-       SET paused = false, paused_at = now(), paused_by = coalesce(actor, session_user), paused_reason = NULL,
-           not_before = NULL, throttle_limit = NULL, throttle_from = NULL, throttle_reason = NULL
-     WHERE name = channel_name AND (paused OR not_before IS NOT NULL OR throttle_limit IS NOT NULL);
-    IF FOUND THEN
-        PERFORM pg_notify('pgwork_channel', channel_name);
-        RETURN true;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pgwork.channel WHERE name = channel_name) THEN
-        RAISE EXCEPTION 'pgwork: no channel named "%"', channel_name
-            USING ERRCODE = 'no_data_found', HINT = 'SELECT name FROM pgwork.channel lists them.';
-    END IF;
-    RETURN false;
-END
-$$;
-COMMENT ON FUNCTION pgwork.resume_channel(text, text) IS
-    'Resume a paused channel and lift any throttle. Returns false if it was neither.';
-
--- ---------------------------------------------------------------------------------------------
 -- Many apps, one database: row-level security by source (off until an operator enables it)
 -- ---------------------------------------------------------------------------------------------
 
@@ -287,21 +234,5 @@ SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before
  -- The view reads as its owner: with row-level security on, it shows an app only its sources.
  WHERE (SELECT NOT c.relrowsecurity FROM pg_class c WHERE c.oid = 'pgwork.reminder'::regclass)
     OR pgwork.source_allowed(r.source, current_user);
-
-CREATE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN (SELECT count(*) FROM pgwork.renewal_work h
-         WHERE h.channel = claimed_now.channel AND h.status = 'claimed' AND h.available_at > now());
-COMMENT ON FUNCTION pgwork.claimed_now(text) IS
-    'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
-    'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
-
-CREATE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
-                                  tokens double precision, tokens_at timestamptz)
-RETURNS double precision LANGUAGE sql STABLE PARALLEL SAFE
-RETURN least(rate_burst, coalesce(tokens, rate_burst) + rate_limit * greatest(extract(epoch FROM now() - tokens_at), 0));
-COMMENT ON FUNCTION pgwork.tokens_now(double precision, double precision, double precision, timestamptz) IS
-    'A rate-limited channel''s tokens now: what its row held at tokens_at, refilled at rate_limit per '
-    'second, at most rate_burst (a full bucket before the first claim).';
 
 UPDATE pgwork.schema_version SET version = 4, applied_at = now();

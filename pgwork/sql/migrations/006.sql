@@ -207,8 +207,6 @@ BEGIN
      ORDER BY c.due_at, c.id;
 END
 $$;
-COMMENT ON FUNCTION pgwork.materialise_page IS
-    'The materialiser''s page (lock, page, the rows it claimed), called by the daemon only.';
 REVOKE EXECUTE ON FUNCTION pgwork.materialise_page FROM PUBLIC;
 
 DO $$

@@ -104,11 +104,4 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgwork.operation_id(reminder_id bigint, source text, business_key text,
-                                    deadline timestamptz, occurrence interval)
-RETURNS uuid LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT md5(reminder_id::text || E'\x1f' || source || E'\x1f' || business_key || E'\x1f'
-               || extract(epoch FROM deadline)::text || E'\x1f' || extract(epoch FROM occurrence)::text)::uuid
-$$;
-
 UPDATE pgwork.schema_version SET version = 7, applied_at = now();

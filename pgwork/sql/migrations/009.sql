@@ -22,17 +22,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgwork.reminder_after_delete() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
-BEGIN
-    UPDATE pgwork.renewal_work
-       SET status = 'cancelled', finished_at = now()
-     WHERE reminder_id = OLD.id AND status IS NOT DISTINCT FROM 'ready';
-    DELETE FROM pgwork.retired WHERE reminder_id = OLD.id;
-    RETURN NULL;
-END
-$$;
-
 CREATE OR REPLACE FUNCTION pgwork.materialise_page(
     coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
     after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,

@@ -34,18 +34,9 @@ COMMENT ON FUNCTION pgwork.rls_exempt() IS
     'Whether the current role sees every source: a superuser or BYPASSRLS role, the tables'' owner, '
     'or a member of pgwork_daemon or pgwork_cleanup.';
 
--- An app reads its own rows of app_source (the policy below needs them), nobody else's.
-CREATE POLICY app_source_own ON pgwork.app_source
-    USING (role = current_user OR (SELECT pgwork.rls_exempt()));
-
 -- Both tests are uncorrelated scalar subqueries: evaluated once per statement (InitPlans), so
 -- the daemon pays nothing per row, and an app's list of sources is read once, not per row.
 DROP POLICY reminder_by_source ON pgwork.reminder;
-CREATE POLICY reminder_by_source ON pgwork.reminder
-    USING ((SELECT pgwork.rls_exempt())
-           OR source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]))
-    WITH CHECK ((SELECT pgwork.rls_exempt())
-                OR source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]));
 
 -- A security barrier: the view reads pgwork.reminder as its owner (row-level security does not
 -- apply), so its own source filter runs before any condition of the caller's that is not
@@ -71,19 +62,6 @@ SELECT r.source, r.business_key, r.due_at AS deadline, b.before AS remind_before
     OR (SELECT pgwork.rls_exempt())
     OR r.source = ANY ((SELECT array_agg(a.source) FROM pgwork.app_source a WHERE a.role = current_user)::text[]);
 DROP FUNCTION pgwork.source_allowed(text, name);
-
-CREATE OR REPLACE FUNCTION pgwork.fire_at(due_at timestamptz, due_local timestamp, due_tz text, before interval)
-RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    -- Offsets count in the reminder's own calendar: in its zone for local-time reminders
-    -- ("7 days before 09:00 London" is 09:00 London), in UTC otherwise. A send before the
-    -- deadline never fires after it: a local time in a DST gap is shifted forward by the gap,
-    -- which can carry it past the deadline (02:29 before a 02:30 deadline, on a night whose
-    -- clocks jump from 02:00 to 02:30); it then fires at the deadline.
-    SELECT CASE WHEN due_local IS NULL
-                THEN ((due_at AT TIME ZONE 'UTC') - before) AT TIME ZONE 'UTC'
-                ELSE least(pgwork.local_to_instant(due_local - before, due_tz), due_at) END
-$$;
-
 
 DO $$
 BEGIN

@@ -67,44 +67,6 @@ COMMENT ON COLUMN pgwork.lane.turn_at IS
     'When the source is next served: its oldest ready row''s time, or when it was last served while '
     'more rows were due (the back of the line). Never later than its ready rows.';
 
-CREATE FUNCTION pgwork.next_ready(channel text, source text, taken bigint[]) RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN (SELECT w.available_at FROM pgwork.renewal_work w
-         WHERE w.channel = next_ready.channel AND w.source = next_ready.source AND w.status = 'ready'
-           AND NOT w.id = ANY (coalesce(taken, '{}'))
-         ORDER BY w.available_at, w.id
-         LIMIT 1);
-COMMENT ON FUNCTION pgwork.next_ready(text, text, bigint[]) IS
-    'When a lane''s next ready row is available, past the rows a claim takes (NULL: none left).';
-
-CREATE FUNCTION pgwork.wake_lanes() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival): their
-    -- lanes' turns come no later than the rows (or now, for a row ready earlier: it queues
-    -- behind the lanes already waiting). Lanes are locked in key order by every writer, so two
-    -- writers never wait for each other in a cycle; a claim never waits for a lane (SKIP
-    -- LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a claim turning
-    -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
-    INSERT INTO pgwork.lane AS l (channel, source, turn_at)
-    SELECT r.channel, r.source, min(r.available_at)
-      FROM woken r
-     WHERE r.status = 'ready'
-     GROUP BY r.channel, r.source
-     ORDER BY r.channel, r.source
-        ON CONFLICT (channel, source) DO UPDATE
-       SET turn_at = greatest(excluded.turn_at, now())
-     WHERE l.turn_at > greatest(excluded.turn_at, now());
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION pgwork.wake_lanes() IS
-    'Statement trigger on renewal_work: the lanes of rows made ready are due no later than the rows.';
-CREATE TRIGGER work_wakes_lanes_on_insert AFTER INSERT ON pgwork.renewal_work
-    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
-CREATE TRIGGER work_wakes_lanes_on_update AFTER UPDATE ON pgwork.renewal_work
-    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
-
 INSERT INTO pgwork.lane (channel, source, turn_at)
 SELECT w.channel, w.source, min(w.available_at)
   FROM pgwork.renewal_work w

@@ -1,0 +1,233 @@
+-- pgwork/sql/code/page.sql — The materialiser's page: one call makes the due work rows and claims what the daemons asked for.
+-- Code, not tables: `pgwork migrate` applies every file of pgwork/sql/code/ after the pending
+-- migrations, in the order of pgwork.queries.CODE, so each definition here is the only one.
+
+-- One page of the materialiser, as two statements run here, so that the daemon sends one:
+--
+-- 1. The materialiser's coordination lock: the row lock of pgwork.materialiser_state, which no
+--    app role can take (locking a row needs UPDATE on its table), unlike an advisory lock, whose
+--    key any session can hold. Taken in a statement of its own, before the page's: this function
+--    is VOLATILE, so each statement takes a new snapshot (READ COMMITTED), and the page's is
+--    younger than any retention batch that retired work rows (retention takes the same row
+--    exclusively): a page can never miss a tombstone and re-insert an occurrence already sent.
+--    With coordinate, only one materialiser pages at a time (the others get no row and retry
+--    shortly); without (tests racing two passes), materialisers share the lock. Without the
+--    lock, the function returns no row.
+--
+-- 2. One keyset page of reminders with an occurrence firing at or before the cutoff: insert
+--    their work rows, advance each reminder's next_fire_at past the cutoff ('infinity' when
+--    nothing is left), and NOTIFY the workers of every daemon when it made rows left for a
+--    claim (ready: due now, or later, which their claim timers must learn of; the payload names
+--    the daemon whose materialiser made them: its own workers know already). Rows the page
+--    claimed or closed as expired are no other daemon's business: told of them, every other
+--    daemon would run a claim that finds nothing, once per reminder due now. Only occurrences
+--    at or after the reminder's progress (next_fire_at) are inserted, and never one that
+--    retention retired: an occurrence is materialised once per deadline, whatever retention
+--    deleted since. A repeat is a no-op; a superseded row for the same deadline is revived
+--    because the deadline came back.
+--    Reminders locked by an app's transaction are skipped (their progress is unchanged, so the
+--    next pass takes them); the caller sees that in next_fire_at. So are those in aside: the
+--    daemon sets aside a reminder a page failed on, for a while, so that the others go on.
+--    One hop for work due now: up to room occurrences due now of each of the daemon's channels
+--    in take (those with idle workers: [{"channel", "room", "expire_after_s"}, ...]) are
+--    inserted already claimed, under a lease for daemon_id, as the claim would (lease and
+--    attempts 1). Only for a channel whose gate is open and that has nothing to count (no rate
+--    limit, global concurrency or throttle limit: their claims go through claim_work) and for
+--    an occurrence not past its expire_after; the others are inserted ready.
+--    A series makes at most its share of the page (pgwork.materialise_series): unfinished
+--    counts those whose progress the page left short of the cutoff, for the next pass.
+--    It returns the page's figures on every row, with the rows it inserted claimed, one per
+--    row, as claim_work returns them (a page that claimed none returns one row whose claimed
+--    columns are NULL).
+--
+-- The page commits without waiting for the WAL flush: one lost in a crash is redone by the next
+-- pass (the progress is in the same transaction), and work due now reaches a worker one disk
+-- flush sooner. It always runs its generic plan: with many reminders the planner judged it worse
+-- than a custom one (it cannot see the cutoff) and planned the page again on every pass, 1.4 ms
+-- of a 7 ms idle latency with a million far-future reminders; the page reads its index in key
+-- order up to a LIMIT either way. Both settings are transaction-local.
+CREATE OR REPLACE FUNCTION pgwork.materialise_page(
+    coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
+    after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
+    daemon_id text, aside bigint[])
+RETURNS TABLE (
+    cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
+    notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
+    unfinished bigint, id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
+    occurrence interval, due_at timestamptz, channel text, operation_id uuid, status text,
+    attempts integer, attempts_base integer, lease integer, retry_since timestamptz,
+    prev_status text, recipient text, payload text, traceparent text, tracestate text,
+    deadline_local timestamp, time_zone text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    got boolean;
+BEGIN
+    -- Under repeatable read or serializable, every statement here would share the snapshot taken
+    -- before the lock: the ordering above, and with it "never sent twice", would not hold.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgwork.materialise_page needs transaction_isolation = read committed, not %',
+                        current_setting('transaction_isolation')
+              USING HINT = 'a default_transaction_isolation set on the database or role applies to '
+                           'pgwork''s sessions too: set it to read committed for the daemon''s role';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    got := CASE WHEN materialise_page.coordinate
+                THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
+                ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END;
+    IF NOT got THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH params AS MATERIALIZED (
+        -- The first page of a pass fixes the cutoff; later pages pass it back.
+        SELECT coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead) AS cutoff
+    ), due AS MATERIALIZED (
+        SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
+               r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
+               coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
+               r.series_from
+          FROM pgwork.reminder r
+         WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+           AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
+           AND (coalesce(r.next_fire_at, r.due_at), r.id)
+               > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+           AND NOT r.id = ANY (materialise_page.aside)
+         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+         LIMIT materialise_page.page_limit
+           FOR UPDATE OF r SKIP LOCKED
+    ), fires AS MATERIALIZED (
+        SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
+               pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
+               d.planned_at, (SELECT p.cutoff FROM params p) AS cutoff, d.traceparent, d.tracestate
+          FROM due d
+         CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
+         WHERE d.series_from IS NULL
+    ), series AS MATERIALIZED (
+        -- Recurring reminders are made by pgwork.materialise_series, called only when the page
+        -- has one (the one-off path's plan stays as small as it was).
+        SELECT s.*
+          FROM (SELECT array_agg(d.id) AS ids FROM due d WHERE d.series_from IS NOT NULL) AS a
+         CROSS JOIN LATERAL pgwork.materialise_series(a.ids, (SELECT p.cutoff FROM params p),
+                                                      materialise_page.page_limit) AS s
+         WHERE a.ids IS NOT NULL
+    ), occ AS MATERIALIZED (
+        -- The channel's catch_up policy for occurrences that fired before the schedule was
+        -- written: all are sent; latest: only the most recent of them; none: none. The others
+        -- are closed as expired, with the reason.
+        SELECT f.*,
+               pgwork.skipped_by_catch_up(ch.catch_up, f.fire_at, f.planned_at,
+                                          max(f.fire_at) FILTER (WHERE f.fire_at < f.planned_at)
+                                              OVER (PARTITION BY f.id)) AS skip,
+               ch.catch_up
+          FROM fires f
+          LEFT JOIN pgwork.channel ch ON ch.name = f.channel
+    ), rooms AS MATERIALIZED (
+        SELECT t.channel, t.room, make_interval(secs => t.expire_after_s) AS expire_after
+          FROM jsonb_to_recordset(materialise_page.take) AS t(channel text, room integer, expire_after_s float8)
+    ), take AS MATERIALIZED (
+        -- The occurrences claimed here (see above): each channel's oldest due ones, up to its room.
+        SELECT o.id, o.before
+          FROM (SELECT o.id, o.before, o.channel, o.fire_at,
+                       row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.before) AS n
+                  FROM occ o
+                 WHERE NOT o.skip AND o.fire_at <= now() AND o.fire_at >= o.progress
+                   AND o.channel IN (SELECT t.channel FROM rooms t)) AS o
+          JOIN rooms t ON t.channel = o.channel
+          JOIN pgwork.channel c ON c.name = o.channel
+         WHERE o.n <= t.room
+           AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
+           AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
+           AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
+    ), made AS (
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                lease, attempts, claimed_at, claimed_by)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before),
+               CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + materialise_page.claim_lease END,
+               CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
+               CASE WHEN o.skip THEN now() END,
+               CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its reminder was written (%s)',
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
+               CASE WHEN k.id IS NOT NULL THEN now() END,
+               CASE WHEN k.id IS NOT NULL THEN materialise_page.daemon_id END
+          FROM occ o
+          LEFT JOIN take k ON k.id = o.id AND k.before = o.before
+         WHERE o.fire_at <= o.cutoff
+           AND o.fire_at >= o.progress
+           -- A probe of retired's key per occurrence (a scalar subquery with LIMIT, not NOT EXISTS,
+           -- which the planner may make a hash anti-join: the generic plan, which cannot see the
+           -- page's size, then read every tombstone on every page), and none while there is no
+           -- tombstone at all (the first test, made once per page).
+           AND (NOT EXISTS (SELECT FROM pgwork.retired)
+                OR (SELECT true FROM pgwork.retired t
+                     WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before
+                     LIMIT 1) IS NULL)
+            ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
+           -- A revived row keeps its lease and attempts: it is made ready, never claimed here.
+           SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
+               available_at = CASE WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate
+         WHERE w.status = 'superseded'
+        RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
+                  w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+                  coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
+                  w.traceparent, w.tracestate
+    ), nxt AS (
+        SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
+          FROM occ o
+         GROUP BY o.id
+        UNION ALL
+        SELECT s.id, s.next_fire_at FROM series s
+    ), advanced AS (
+        -- By ctid: the rows are locked by this statement, and a join on id would scan the table.
+        UPDATE pgwork.reminder r
+           SET next_fire_at = n.next_fire_at
+          FROM due d
+          JOIN nxt n ON n.id = d.id
+         WHERE r.ctid = d.row_ctid
+    ), figures AS (
+        SELECT (SELECT p.cutoff FROM params p) AS cutoff,
+               (SELECT count(*) FROM due) AS scanned,
+               (SELECT count(*) FROM made) + (SELECT coalesce(sum(s.made), 0) FROM series s)::bigint AS made,
+               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed'))
+                 + (SELECT coalesce(sum(s.made_due), 0) FROM series s)::bigint AS made_due,
+               (SELECT count(*) FROM made m WHERE m.status = 'expired')
+                 + (SELECT coalesce(sum(s.skipped), 0) FROM series s)::bigint AS skipped,
+               (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
+                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')
+                                          OR EXISTS (SELECT 1 FROM series s WHERE s.made_ready > 0)) AS n) AS notified,
+               least((SELECT min(m.due_at) FROM made m), (SELECT min(s.earliest_made) FROM series s)) AS earliest_made,
+               l.next_fire_at AS last_at, l.id AS last_id,
+               (SELECT count(*) FROM series s WHERE s.unfinished) AS unfinished
+          FROM (SELECT 1) AS one
+          LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
+    ), claimed AS (
+        -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
+        SELECT m.id, m.reminder_id, m.source, m.business_key, m.deadline, m.occurrence, m.due_at,
+               m.channel, m.operation_id, m.status, m.attempts, m.attempts_base, m.lease, m.retry_since,
+               'ready'::text AS prev_status, r.recipient, r.payload::text AS payload, m.traceparent, m.tracestate,
+               NULL::timestamp AS deadline_local, NULL::text AS time_zone
+          FROM made m
+          JOIN pgwork.reminder r ON r.id = m.reminder_id
+         WHERE m.status = 'claimed'
+    )
+    SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
+           f.last_at, f.last_id, f.unfinished,
+           c.id, c.reminder_id, c.source, c.business_key, c.deadline, c.occurrence, c.due_at,
+           c.channel, c.operation_id, c.status, c.attempts, c.attempts_base, c.lease, c.retry_since,
+           c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate, c.deadline_local, c.time_zone
+      FROM figures f
+      LEFT JOIN claimed c ON true
+     ORDER BY c.due_at, c.id;
+END
+$$;
+COMMENT ON FUNCTION pgwork.materialise_page IS
+    'The materialiser''s page (lock, page, the rows it claimed), called by the daemon only.';
+REVOKE EXECUTE ON FUNCTION pgwork.materialise_page FROM PUBLIC;

@@ -1,0 +1,121 @@
+-- pgwork/sql/code/work.sql — Work rows: terminal statuses, why an occurrence is no longer wanted, the claim's helpers
+-- (channel capacity, fair lanes and their trigger, the rate limit's tokens).
+-- Code, not tables: `pgwork migrate` applies every file of pgwork/sql/code/ after the pending
+-- migrations, in the order of pgwork.queries.CODE, so each definition here is the only one.
+
+CREATE OR REPLACE FUNCTION pgwork.is_terminal(status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
+COMMENT ON FUNCTION pgwork.is_terminal(text) IS
+    'Whether a work status is final (queries use this; inlined, it still matches the work_terminal index).';
+
+CREATE OR REPLACE FUNCTION pgwork.unwanted(reminder_id bigint, reminder_due_at timestamptz,
+                                remind_before interval[], deadline timestamptz, occurrence interval)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
+            WHEN reminder_due_at <> deadline OR NOT occurrence = ANY (remind_before) THEN 'superseded'
+       END;
+COMMENT ON FUNCTION pgwork.unwanted(bigint, timestamptz, interval[], timestamptz, interval) IS
+    'Why an occurrence is no longer wanted by its reminder (a missing reminder: cancelled; a moved deadline or a dropped remind_before entry: superseded), or NULL while it is.';
+
+-- The channel's catch_up policy for a send that fired before its reminder (or series) was
+-- written or last moved: all are sent; latest: only the most recent of them (latest_missed: the
+-- reminder's latest send before planned_at); none: none. True: close it as expired instead.
+CREATE OR REPLACE FUNCTION pgwork.skipped_by_catch_up(policy text, fire_at timestamptz, planned_at timestamptz,
+                                           latest_missed timestamptz)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE coalesce(policy, 'all') WHEN 'none' THEN fire_at < planned_at
+                                    WHEN 'latest' THEN fire_at < latest_missed
+                                    ELSE false END;
+COMMENT ON FUNCTION pgwork.skipped_by_catch_up(text, timestamptz, timestamptz, timestamptz) IS
+    'Whether a channel''s catch_up policy skips a send that fired before its reminder was written or moved.';
+
+CREATE OR REPLACE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT count(*) FROM pgwork.renewal_work h
+         WHERE h.channel = claimed_now.channel AND h.status = 'claimed' AND h.available_at > now());
+COMMENT ON FUNCTION pgwork.claimed_now(text) IS
+    'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
+    'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
+
+CREATE OR REPLACE FUNCTION pgwork.next_ready(channel text, source text, taken bigint[]) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (SELECT w.available_at FROM pgwork.renewal_work w
+         WHERE w.channel = next_ready.channel AND w.source = next_ready.source AND w.status = 'ready'
+           AND NOT w.id = ANY (coalesce(taken, '{}'))
+         ORDER BY w.available_at, w.id
+         LIMIT 1);
+COMMENT ON FUNCTION pgwork.next_ready(text, text, bigint[]) IS
+    'When a lane''s next ready row is available, past the rows a claim takes (NULL: none left).';
+
+CREATE OR REPLACE FUNCTION pgwork.wake_lanes() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival): their
+    -- lanes' turns come no later than the rows (or now, for a row ready earlier: it queues
+    -- behind the lanes already waiting). Lanes are locked in key order by every writer, so two
+    -- writers never wait for each other in a cycle; a claim never waits for a lane (SKIP
+    -- LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a claim turning
+    -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
+    INSERT INTO pgwork.lane AS l (channel, source, turn_at)
+    SELECT r.channel, r.source, min(r.available_at)
+      FROM woken r
+     WHERE r.status = 'ready'
+     GROUP BY r.channel, r.source
+     ORDER BY r.channel, r.source
+        ON CONFLICT (channel, source) DO UPDATE
+       SET turn_at = greatest(excluded.turn_at, now())
+     WHERE l.turn_at > greatest(excluded.turn_at, now());
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgwork.wake_lanes() IS
+    'Statement trigger on renewal_work: the lanes of rows made ready are due no later than the rows.';
+CREATE OR REPLACE TRIGGER work_wakes_lanes_on_insert AFTER INSERT ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+CREATE OR REPLACE TRIGGER work_wakes_lanes_on_update AFTER UPDATE ON pgwork.renewal_work
+    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+
+CREATE OR REPLACE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
+                                  tokens double precision, tokens_at timestamptz)
+RETURNS double precision LANGUAGE sql STABLE PARALLEL SAFE
+RETURN least(rate_burst, coalesce(tokens, rate_burst) + rate_limit * greatest(extract(epoch FROM now() - tokens_at), 0));
+COMMENT ON FUNCTION pgwork.tokens_now(double precision, double precision, double precision, timestamptz) IS
+    'A rate-limited channel''s tokens now: what its row held at tokens_at, refilled at rate_limit per '
+    'second, at most rate_burst (a full bucket before the first claim).';
+
+CREATE OR REPLACE FUNCTION pgwork.series_unwanted(reminder_id bigint, recur_rule jsonb, due_local timestamp,
+                                       paused boolean, recur_skip timestamp[], recur_until timestamp,
+                                       remind_before interval[], recur_version integer,
+                                       deadline_local timestamp, occurrence interval, made_version integer)
+RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
+-- Why an occurrence of a series is no longer wanted (NULL while it is): the reminder is gone
+-- (cancelled); or it is no longer a series, is paused, dropped the remind_before entry, skips or
+-- ends before the deadline, or its rule no longer has it (superseded). The rule is evaluated only
+-- when it changed since the occurrence was made (made_version: the reminder's recur_version then).
+RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
+            WHEN recur_rule IS NULL OR paused OR deadline_local IS NULL OR NOT occurrence = ANY (remind_before)
+                 OR deadline_local = ANY (coalesce(recur_skip, '{}')) OR deadline_local > recur_until
+                THEN 'superseded'
+            WHEN made_version IS DISTINCT FROM recur_version
+                 AND NOT EXISTS (SELECT FROM pgwork.recur_between(recur_rule, due_local, deadline_local, deadline_local))
+                THEN 'superseded'
+       END;
+COMMENT ON FUNCTION pgwork.series_unwanted(bigint, jsonb, timestamp, boolean, timestamp[], timestamp, interval[], integer, timestamp, interval, integer) IS
+    'Why an occurrence of a recurring reminder is no longer wanted (cancelled, superseded), or NULL while it is.';
+
+CREATE OR REPLACE FUNCTION pgwork.work_unwanted(reminder_id bigint, reminder_due_at timestamptz, remind_before interval[],
+                                     recur_rule jsonb, due_local timestamp, paused boolean,
+                                     recur_skip timestamp[], recur_until timestamp, recur_version integer,
+                                     deadline timestamptz, deadline_local timestamp, occurrence interval,
+                                     made_version integer)
+RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
+-- Why a work row's occurrence is no longer wanted by its reminder, one-off (pgwork.unwanted) or of
+-- a series (pgwork.series_unwanted), or NULL while it is: what a claim and a redrive ask.
+RETURN CASE WHEN deadline_local IS NULL
+            THEN pgwork.unwanted(reminder_id, reminder_due_at, remind_before, deadline, occurrence)
+            ELSE pgwork.series_unwanted(reminder_id, recur_rule, due_local, paused, recur_skip, recur_until,
+                                        remind_before, recur_version, deadline_local, occurrence, made_version)
+       END;
+COMMENT ON FUNCTION pgwork.work_unwanted(bigint, timestamptz, interval[], jsonb, timestamp, boolean, timestamp[], timestamp, integer, timestamptz, timestamp, interval, integer) IS
+    'Why a work row''s occurrence is no longer wanted (cancelled, superseded), or NULL while it is.';
