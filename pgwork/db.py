@@ -220,14 +220,44 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
         )
 
 
+#: How long a migration waits for each lock it needs (an app's or a daemon's transaction holding
+#: the table): past it, the attempt is rolled back, so the apps queued behind its lock request go
+#: on, and tried again after a pause, at most MIGRATE_ATTEMPTS times. A statement itself may take
+#: as long as its table needs.
+MIGRATE_LOCK_TIMEOUT = "2s"
+MIGRATE_ATTEMPTS = 5
+
+
 async def migrate(conn: AsyncConnection[Any]) -> str:
     """Bring the schema to this code's version in one transaction. Idempotent and safe to run
-    concurrently (an advisory lock serialises runs). Returns what it did.
+    concurrently (an advisory lock serialises runs). Returns what it did. A lock it cannot get
+    within ``MIGRATE_LOCK_TIMEOUT`` (or a deadlock) rolls the attempt back; it is tried again
+    after a pause, ``MIGRATE_ATTEMPTS`` times in all, then the last error is raised.
 
     :raises SchemaError: when the database is newer than the code.
     """
+    pause = 0.5
+    for attempt in range(1, MIGRATE_ATTEMPTS + 1):
+        try:
+            return await _migrate_once(conn)
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as e:
+            if attempt == MIGRATE_ATTEMPTS:
+                raise
+            log.warning(
+                "migrate: a lock was not available, rolled back; trying again in %.1fs",
+                pause,
+                extra={"attempt": attempt, "error": redact(str(e)).strip().splitlines()[0]},
+            )
+            await anyio.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+async def _migrate_once(conn: AsyncConnection[Any]) -> str:
     async with conn.transaction():
         await store.migrate_lock(conn)
+        # After the advisory lock: a second migrate waits for the first whatever it takes.
+        await store.migrate_timeouts(conn, lock_timeout=MIGRATE_LOCK_TIMEOUT)
         v = await schema_version(conn)
         if v is None:
             await conn.execute(tables_sql())

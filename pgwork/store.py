@@ -136,6 +136,10 @@ async def migrate_lock(conn: Conn) -> None:
     await _exec(conn, "migrate_lock")
 
 
+async def migrate_timeouts(conn: Conn, *, lock_timeout: str) -> None:
+    await _exec(conn, "migrate_timeouts", {"lock_timeout": lock_timeout})
+
+
 async def time_zones_refresh(conn: Conn) -> None:
     await _exec(conn, "time_zones_refresh")
 

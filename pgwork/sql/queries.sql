@@ -18,6 +18,10 @@ INSERT INTO pgwork.schema_version (version) VALUES (%(version)s)
 -- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
 SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
 
+-- name: migrate_timeouts
+-- For the migration's transaction: a bounded wait for each lock, no bound on a statement.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true), set_config('statement_timeout', '0', true)
+
 -- name: time_zones_refresh
 -- The zone names local-time reminders may use, from the server's tz database (every migrate run:
 -- a server upgrade can bring new zones). Names are never removed: reminders may use them.
