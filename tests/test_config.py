@@ -378,3 +378,19 @@ def test_the_reference_lists_every_option() -> None:
 
     assert _documented() == list(reference.options())
     assert len(_documented()) == 57
+
+
+def test_an_option_is_described_once() -> None:
+    """Its ``doc=`` feeds the reference; a ``#:`` comment beside it said the same and drifted."""
+    import re
+    from pathlib import Path
+
+    import pgwork.config
+
+    lines = Path(pgwork.config.__file__).read_text().splitlines()
+    doubled = [
+        n + 1
+        for n, line in enumerate(lines[1:], 1)
+        if re.match(r"\s+\w+: .*= option\(", line) and lines[n - 1].lstrip().startswith("#:")
+    ]
+    assert not doubled, f"pgwork/config.py lines {doubled}: the doc= says it"
