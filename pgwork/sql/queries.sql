@@ -134,6 +134,11 @@ SELECT cfg.name
 --  * up to a batch of the channel's lanes whose turn has come, oldest turn first, skipping
 --    lanes another claim holds (two daemons serve different sources at once): named in order
 --    in a transaction-local setting, for claim_work to serve and turn.
+-- Why settings, not parameters: the two statements go in one pipeline (store._one_round_trip),
+-- so the client cannot pass this statement's result to the next; with a round trip between
+-- them the no-op burn-down did 19,381 jobs/s against the pipeline's 23,452 (bench/HISTORY.md,
+-- "The no-op burn-down regression was older than this step"). claim_work reads both in one
+-- place, its first CTE (handed), and nowhere else.
 SELECT set_config('pgwork.channel_locked',
                   coalesce((SELECT c.name FROM pgwork.channel c
                              WHERE c.name = %(channel)s
@@ -205,12 +210,17 @@ DELETE FROM pgwork.daemon WHERE id = %(id)s
 -- the rows claimed under live leases; no more than the rate limit's tokens, which the claimed
 -- rows then spend. (claim_lock runs first, in the same transaction: see there.)
 -- Past expire_after, an occurrence is closed as expired instead of sent.
-WITH gate AS MATERIALIZED (
+WITH handed AS MATERIALIZED (
+    -- What claim_lock took, as it named it (see there): the channel's row, locked when a limit
+    -- is in force; the lanes it locked, in turn order (empty: it took none).
+    SELECT current_setting('pgwork.channel_locked', true) AS channel_locked,
+           coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}')::text[] AS lanes
+), gate AS MATERIALIZED (
     SELECT c.name,
            CASE WHEN c.paused OR c.not_before > now() THEN 0
                 -- A limit to count, and this transaction does not hold the lock (claim_lock).
                 WHEN (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
-                     AND current_setting('pgwork.channel_locked', true) IS DISTINCT FROM c.name THEN 0
+                     AND (SELECT h.channel_locked FROM handed h) IS DISTINCT FROM c.name THEN 0
                 ELSE greatest(0, least(
                     %(limit)s,
                     -- least() skips NULLs: no cap, no limit from it.
@@ -230,7 +240,7 @@ WITH gate AS MATERIALIZED (
     SELECT l.source, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
       FROM pgwork.lane l
      WHERE l.channel = %(channel)s AND l.turn_at <= now()
-       AND coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}') = '{}'
+       AND (SELECT cardinality(h.lanes) FROM handed h) = 0
      ORDER BY l.turn_at, l.source
      LIMIT %(limit)s
 ), free_now AS MATERIALIZED (
@@ -247,8 +257,7 @@ WITH gate AS MATERIALIZED (
     -- this snapshot sees them, unlocked ("borrowed"): their rows are still taken with SKIP
     -- LOCKED, and the lanes are left for their holders to turn.
     SELECT o.source, o.n, true AS owned
-      FROM unnest(coalesce(nullif(current_setting('pgwork.lanes', true), ''), '{}')::text[])
-           WITH ORDINALITY AS o(source, n)
+      FROM unnest((SELECT h.lanes FROM handed h)) WITH ORDINALITY AS o(source, n)
     UNION ALL
     SELECT d.source, row_number() OVER (ORDER BY d.n), false
       FROM due_lanes d
