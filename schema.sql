@@ -23,9 +23,16 @@ COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database 
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    retention_paused boolean NOT NULL DEFAULT false
+    retention_paused boolean NOT NULL DEFAULT false,
+    migration_requested_at timestamptz,
+    migration_requested_by text
 );
 COMMENT ON TABLE pgwork.config IS 'Settings shared by every daemon, changed at runtime.';
+COMMENT ON COLUMN pgwork.config.migration_requested_at IS
+    '`pgwork migrate` asks the running daemons to step aside (set while it migrates): each stops '
+    'claiming and materialising, finishes or gives back what it holds, and exits for its supervisor '
+    'to start it again; a daemon starting meanwhile waits. Cleared by the migration''s commit.';
+COMMENT ON COLUMN pgwork.config.migration_requested_by IS 'Who asked: host/pid of the `pgwork migrate`.';
 COMMENT ON COLUMN pgwork.config.retention_paused IS
     'Pauses every retention duty (in daemons and `pgwork cleanup`) at its next batch, without a restart: '
     '`pgwork cleanup --pause` / `--resume`.';
@@ -360,7 +367,8 @@ CREATE TABLE pgwork.daemon (
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
     listener_up  boolean DEFAULT false,
     heartbeat_every interval NOT NULL DEFAULT '20 seconds',
-    metrics_at   text
+    metrics_at   text,
+    schema_version integer
 );
 COMMENT ON TABLE pgwork.daemon IS
     'Running (or recently running) daemons, refreshed by their heartbeat. A row whose heartbeat is '
@@ -371,6 +379,9 @@ COMMENT ON COLUMN pgwork.daemon.listener_up IS
 COMMENT ON COLUMN pgwork.daemon.metrics_at IS
     'HOST:PORT its Prometheus metrics are served on (the port it got, when metrics.listen names '
     'port 0 or a range); NULL: metrics off.';
+COMMENT ON COLUMN pgwork.daemon.schema_version IS
+    'The schema version its code runs (NULL: a daemon older than the migration handshake, which '
+    '`pgwork migrate` cannot ask to step aside).';
 
 
 -- The sources with ready work in each channel, in the order they are to be served: a claim

@@ -40,6 +40,10 @@ from .waker import WakerGroup
 
 log = logging.getLogger("pgwork.daemon")
 
+#: The exit status of a daemon that stepped aside for `pgwork migrate` (EX_TEMPFAIL): its
+#: supervisor starts it again (systemd's Restart=on-failure, a container's restart policy).
+STEPPED_ASIDE = 75
+
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
 
 
@@ -66,6 +70,8 @@ class Daemon:
     tracer_provider: Any = None
     #: HOST:PORT of the web page, once serving (web.enabled).
     web_at: str | None = None
+    #: Who asked this daemon to step aside for a migration (it then exits with STEPPED_ASIDE).
+    stepped_aside: str | None = None
 
     def __post_init__(self) -> None:
         self.sup = Supervisor(self.metrics)
@@ -106,17 +112,37 @@ class Daemon:
         """First call: graceful stop. Second call: cancel in-flight deliveries."""
         (self._hard_stop if self._stopping.is_set() else self._stopping).set()
 
+    def step_aside(self, asked_by: str) -> None:
+        """`pgwork migrate` asks: stop as on SIGTERM (no more claims or pages; deliveries in
+        flight finish within the grace, queued rows are given back), then exit with
+        ``STEPPED_ASIDE`` for the supervisor to start pgwork again, which waits for the
+        migration at its start. Once; a stop already under way goes on as it is."""
+        if self.stepped_aside is not None or self._stopping.is_set():
+            return
+        self.stepped_aside = asked_by
+        log.warning(
+            "stepping aside for `pgwork migrate` (%s): no more claims, deliveries in flight "
+            "finish, then exit %d for the supervisor to start pgwork again",
+            asked_by,
+            STEPPED_ASIDE,
+        )
+        self.request_stop()
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
 
             def waiting() -> None:
                 self._state = f"waiting for the database ({db.describe(self.dsn)})"
 
+            def waiting_for_schema(why: str) -> None:
+                self._state = why
+
             if not await db.wait_until_reachable(
                 self.dsn,
                 timeout=self.cfg.connect_timeout,
                 stop=self._stopping,
                 on_failure=waiting,
+                on_wait=waiting_for_schema,
                 pooled=self.pooled,
             ):
                 task_status.started()
@@ -185,6 +211,7 @@ class Daemon:
             clock=self.clock,
             listener_up=lambda: listener.up if listen_dsn else None,
             metrics_at=self.metrics_at,
+            migration_asked=self.step_aside,
         )
         listener = Listener(
             listen_dsn or self.dsn,
@@ -195,6 +222,7 @@ class Daemon:
             gate_changed=deliveries.gate_changed,
             origin=self.daemon_id,
             changed=heartbeat.waker,
+            migration_asked=self.step_aside,
         )
         if listen_dsn is None:
             log.warning(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -14,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from . import SCHEMA_VERSION, store
-from .queries import code_sql, migration_sql, tables_sql
+from .queries import Step, code_sql, migration_sql, split_migration, tables_sql
 from .supervise import Backoff
 
 log = logging.getLogger("pgwork.db")
@@ -38,6 +40,10 @@ SESSION_SETTINGS = {
 
 class SchemaError(Exception):
     """The database's pgwork schema is missing, older or newer than this code."""
+
+
+class MigrateRefused(SchemaError):
+    """`pgwork migrate` did not start: daemons that cannot step aside are running (named)."""
 
 
 def redact(text: str) -> str:
@@ -154,12 +160,15 @@ async def wait_until_reachable(
     timeout: float,
     stop: anyio.Event,
     on_failure: Callable[[], None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
     pooled: bool = False,
 ) -> bool:
-    """Wait until the database answers (retrying with backoff, logging each failure) and check
-    its schema. Returns False when ``stop`` is set first.
+    """Wait until the database answers (retrying with backoff, logging each failure) and its
+    schema is this code's, with no migration asking the daemons to step aside: while the schema
+    is older or a migration runs, wait for `pgwork migrate` (``on_wait`` is told why). Returns
+    False when ``stop`` is set first.
 
-    :raises SchemaError: when the schema is missing, older or newer than this code.
+    :raises SchemaError: when the schema is missing or newer than this code.
     """
     conn: AsyncConnection[Any] | None = None
     final: psycopg.OperationalError | None = None
@@ -191,10 +200,41 @@ async def wait_until_reachable(
     if conn is None:
         return False
     try:
-        await check_schema(conn)
+        return await _wait_for_schema(conn, stop, on_wait)
     finally:
         await conn.close()
-    return True
+
+
+#: How often a daemon waiting for `pgwork migrate` looks again.
+SCHEMA_POLL = 1.0
+
+
+async def _wait_for_schema(
+    conn: AsyncConnection[Any], stop: anyio.Event, on_wait: Callable[[str], None] | None
+) -> bool:
+    told = ""
+    while True:
+        v = await schema_version(conn)
+        if v is None or v > SCHEMA_VERSION:
+            await check_schema(conn)  # raises, saying which
+        asked_by = await store.migration_pending(conn)
+        if v == SCHEMA_VERSION and asked_by is None:
+            return True
+        why = (
+            f"`pgwork migrate` ({asked_by}) is migrating: waiting for it"
+            if asked_by is not None
+            else f"the database's pgwork schema is version {v}, older than this pgwork "
+            f"(version {SCHEMA_VERSION}): waiting for `pgwork migrate`"
+        )
+        if why != told:
+            told = why
+            log.warning(why)
+            if on_wait is not None:
+                on_wait(why)
+        with anyio.move_on_after(SCHEMA_POLL):
+            await stop.wait()
+        if stop.is_set():
+            return False
 
 
 async def schema_version(conn: AsyncConnection[Any]) -> int | None:
@@ -228,20 +268,63 @@ MIGRATE_LOCK_TIMEOUT = "2s"
 MIGRATE_ATTEMPTS = 5
 
 
-async def migrate(conn: AsyncConnection[Any]) -> str:
-    """Bring the schema to this code's version in one transaction. Idempotent and safe to run
-    concurrently (an advisory lock serialises runs). Returns what it did. A lock it cannot get
-    within ``MIGRATE_LOCK_TIMEOUT`` (or a deadlock) rolls the attempt back; it is tried again
-    after a pause, ``MIGRATE_ATTEMPTS`` times in all, then the last error is raised.
+#: The first schema whose daemons take part in the migration handshake (they register their
+#: schema version, and step aside when a migration asks).
+HANDSHAKE_SINCE = 15
+
+
+def _named(daemons: Sequence[store.LiveDaemon]) -> str:
+    return ", ".join(f"{d.host}/{d.pid} (pgwork {d.version})" for d in daemons)
+
+
+async def migrate(
+    conn: AsyncConnection[Any],
+    *,
+    wait_for_old: float = 0.0,
+    step_aside_within: float = 120.0,
+    by: str | None = None,
+    version: int = SCHEMA_VERSION,
+    steps: Mapping[int, str] | None = None,
+) -> str:
+    """Bring the schema to ``version`` (this code's) in one transaction. Idempotent and safe to
+    run concurrently (an advisory lock serialises runs). Returns what it did.
+
+    An upgrade first clears the way: daemons alive now that predate the migration handshake are
+    waited for up to ``wait_for_old`` seconds, then named in the refusal; the others are asked to
+    step aside (pgwork.config.migration_requested_at, NOTIFY pgwork_migrate) and waited for up to
+    ``step_aside_within`` seconds: each stops claiming, finishes or gives back its rows and exits;
+    a daemon that starts meanwhile waits. The request is cleared by the migration's commit, or
+    when it does not happen. A lock the migration cannot get within ``MIGRATE_LOCK_TIMEOUT`` (or
+    a deadlock) rolls the attempt back; it is tried again after a pause, ``MIGRATE_ATTEMPTS``
+    times in all. ``steps``: migrations by version beyond the shipped ones (tests).
 
     :raises SchemaError: when the database is newer than the code.
+    :raises MigrateRefused: when daemons that cannot step aside run, or did not step aside.
     """
+    v = await schema_version(conn)
+    upgrade = v is not None and v < version
+    asked = upgrade and v is not None and v >= HANDSHAKE_SINCE
+    if upgrade:
+        by = by or f"{socket.gethostname()}/{os.getpid()}"
+        if asked:
+            await store.migration_request(conn, by=by)
+        try:
+            await _clear_the_way(conn, wait_for_old, step_aside_within)
+        except BaseException:
+            if asked:
+                with anyio.CancelScope(shield=True):
+                    await store.migration_clear(conn)
+            raise
     pause = 0.5
     for attempt in range(1, MIGRATE_ATTEMPTS + 1):
         try:
-            return await _migrate_once(conn)
+            said = await _migrate_once(conn, version, steps or {})
+            await _build_concurrently(conn, version, steps or {})
+            return said
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as e:
             if attempt == MIGRATE_ATTEMPTS:
+                if asked:
+                    await store.migration_clear(conn)
                 raise
             log.warning(
                 "migrate: a lock was not available, rolled back; trying again in %.1fs",
@@ -250,35 +333,117 @@ async def migrate(conn: AsyncConnection[Any]) -> str:
             )
             await anyio.sleep(pause)
             pause *= 2
+        except BaseException:
+            if asked:
+                with anyio.CancelScope(shield=True):
+                    await store.migration_clear(conn)
+            raise
     raise AssertionError("unreachable")
 
 
-async def _migrate_once(conn: AsyncConnection[Any]) -> str:
+def _step(version: int, extra: Mapping[int, str]) -> Step:
+    return split_migration(extra[version]) if version in extra else migration_sql(version)
+
+
+_INDEX_NAME = re.compile(r"CREATE INDEX CONCURRENTLY IF NOT EXISTS (\w+)", re.IGNORECASE)
+
+
+async def _build_concurrently(
+    conn: AsyncConnection[Any], version: int, extra: Mapping[int, str]
+) -> None:
+    """The indexes the migrations up to ``version`` build after their commit: each that is
+    missing is built, one an interrupted build left invalid is dropped and built again. Outside
+    any transaction; each waits for the transactions already running, never stops a write."""
+    todo = [
+        (m.group(1), statement)
+        for n in range(2, version + 1)
+        for statement in _step(n, extra).concurrently
+        if (m := _INDEX_NAME.search(statement)) is not None
+    ]
+    if not todo:
+        return
+    await store.session_unbounded(conn)
+    try:
+        for name, statement in todo:
+            valid = await store.index_valid(conn, name=name)
+            if valid is True:
+                continue
+            if valid is False:
+                log.warning("migrate: index pgwork.%s was left invalid: building it again", name)
+                await store.index_drop_concurrently(conn, name=name)
+            await conn.execute(statement)
+    finally:
+        await store.session_bounded(conn)
+
+
+async def _clear_the_way(conn: AsyncConnection[Any], wait_for_old: float, within: float) -> None:
+    """Return once no daemon runs: those that predate the handshake stopped (by someone) within
+    ``wait_for_old`` seconds, the others stepped aside within ``within``."""
+    start = anyio.current_time()
+    said: set[str] = set()
+    while True:
+        live = await store.migrate_daemons(conn)
+        old = [d for d in live if (d.schema_version or 0) < HANDSHAKE_SINCE]
+        waited = anyio.current_time() - start
+        if old:
+            if waited >= wait_for_old:
+                raise MigrateRefused(
+                    f"stop these daemons first (they predate the migration handshake): "
+                    f"{_named(old)}; or run `pgwork migrate --wait 10m` to wait for them"
+                )
+            if "old" not in said:
+                said.add("old")
+                log.warning("migrate: waiting for daemons to stop: %s", _named(old))
+        elif not live:
+            return
+        elif waited >= within:
+            raise MigrateRefused(
+                f"these daemons did not step aside within {within:g}s: {_named(live)}"
+            )
+        elif "asked" not in said:
+            said.add("asked")
+            log.info("migrate: asked the running daemons to step aside: %s", _named(live))
+        await anyio.sleep(0.25)
+
+
+async def _migrate_once(conn: AsyncConnection[Any], version: int, extra: Mapping[int, str]) -> str:
     async with conn.transaction():
         await store.migrate_lock(conn)
         # After the advisory lock: a second migrate waits for the first whatever it takes.
         await store.migrate_timeouts(conn, lock_timeout=MIGRATE_LOCK_TIMEOUT)
         v = await schema_version(conn)
         if v is None:
+            functions, attaches = code_sql()
             await conn.execute(tables_sql())
-            await conn.execute(code_sql())
-            await store.schema_version_set(conn, SCHEMA_VERSION)
-            return f"installed pgwork schema version {SCHEMA_VERSION}"
-        if v > SCHEMA_VERSION:
+            await conn.execute(functions)
+            await conn.execute(attaches)
+            await store.schema_version_set(conn, version)
+            return f"installed pgwork schema version {version}"
+        if v > version:
             raise SchemaError(
                 f"the database's pgwork schema is version {v}, newer than this pgwork "
-                f"(version {SCHEMA_VERSION}); refusing to touch it"
+                f"(version {version}); refusing to touch it"
             )
-        if v == SCHEMA_VERSION:
+        if v == version:
             await store.time_zones_refresh(conn)
             return f"pgwork schema already at version {v}"
-        steps = [migration_sql(step) for step in range(v + 1, SCHEMA_VERSION + 1)]
-        for before, _after in steps:
-            await conn.execute(before)
-        # The code once, as it is now (a renamed or dropped signature is a migration's DROP).
-        await conn.execute(code_sql())
-        for _before, after in steps:
-            if after.strip():
-                await conn.execute(after)
-        await store.schema_version_set(conn, SCHEMA_VERSION)
-        return f"upgraded pgwork schema from version {v} to {SCHEMA_VERSION}"
+        steps = [_step(step, extra) for step in range(v + 1, version + 1)]
+        for step in steps:
+            await conn.execute(step.before)
+        # The code once, as it is now (a renamed or dropped signature is a migration's DROP):
+        # the functions, the backfills that call them, then what locks the apps' tables, so
+        # that those locks are held only until the commit that follows.
+        functions, attaches = code_sql()
+        await conn.execute(functions)
+        for step in steps:
+            if step.after.strip():
+                await conn.execute(step.after)
+        # The tables apps write, locked in the order their statements lock them (a reminder,
+        # then through its triggers its work rows), so that no app statement and this
+        # migration each hold what the other waits for.
+        await store.migrate_attach_locks(conn)
+        await conn.execute(attaches)
+        await store.schema_version_set(conn, version)
+        # Committed with the migration: the daemons that waited see the new version at once.
+        await store.migration_clear(conn)
+        return f"upgraded pgwork schema from version {v} to {version}"

@@ -88,6 +88,10 @@ CODE = (
 #: In a migration, what follows this line runs after the code files: a backfill that calls the
 #: new code (the rest of the migration runs before them, with the code of the version it left).
 AFTER_CODE = "-- pgwork: after the code"
+#: In a migration, what follows this line (its last part) runs after the migration's commit,
+#: outside any transaction: ``CREATE INDEX CONCURRENTLY IF NOT EXISTS`` statements, which never
+#: stop the apps' writes; one an interruption left invalid is built again by the next migrate.
+CONCURRENTLY = "-- pgwork: concurrently"
 
 
 def tables_sql() -> LiteralString:
@@ -95,14 +99,89 @@ def tables_sql() -> LiteralString:
     return cast(LiteralString, _read("schema.sql"))  # type: ignore[redundant-cast]
 
 
-def code_sql() -> LiteralString:
-    """Every code file, in order: re-applied by each migrate that changes the version."""
-    return cast(LiteralString, "\n".join(_read(f"code/{name}.sql") for name in CODE))  # type: ignore[redundant-cast]
+#: Code statements that lock a table apps write (a trigger, a policy) or read (a view) until
+#: the migration commits: applied last, after the backfills, so apps wait only for the commit.
+_ATTACHES = re.compile(
+    r"\s*(?:--[^\n]*\n\s*)*(CREATE OR REPLACE (TRIGGER|VIEW)|(CREATE|DROP) POLICY|COMMENT ON VIEW)"
+)
 
 
-def migration_sql(version: int) -> tuple[LiteralString, LiteralString]:
+def code_sql() -> tuple[LiteralString, LiteralString]:
+    """Every code file, in order, as two parts: the functions, which lock no table apps use;
+    then the triggers, policies and views that attach them to tables, and the grants (the last
+    file: they name the view)."""
+    functions: list[str] = []
+    attaches: list[str] = []
+    for name in CODE:
+        for statement in statements(_read(f"code/{name}.sql")):
+            last = name == CODE[-1]
+            (attaches if last or _ATTACHES.match(statement) else functions).append(statement)
+    return (
+        cast(LiteralString, "".join(functions)),  # type: ignore[redundant-cast]
+        cast(LiteralString, "".join(attaches)),  # type: ignore[redundant-cast]
+    )
+
+
+_DOLLAR = re.compile(r"\$\w*\$")
+
+
+def statements(text: str) -> list[str]:
+    """``text`` split after each top-level ``;`` (not inside quotes, dollar quotes or comments),
+    each statement with the comment lines before it."""
+    out: list[str] = []
+    start = i = 0
+    n = len(text)
+    while i < n:
+        if text.startswith("--", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif text[i] == "'":
+            j = i + 1
+            while True:
+                j = text.find("'", j)
+                if j < 0 or not text.startswith("''", j):
+                    break
+                j += 2
+            i = n if j < 0 else j + 1
+        elif (m := _DOLLAR.match(text, i)) is not None:
+            j = text.find(m.group(0), m.end())
+            i = n if j < 0 else j + len(m.group(0))
+        elif text[i] == ";":
+            out.append(text[start : i + 1] + "\n")
+            start = i = i + 1
+        else:
+            i += 1
+    if text[start:].strip():
+        out.append(text[start:])
+    return out
+
+
+class Step(NamedTuple):
+    """One migration: what runs before the code files, what after them (``AFTER_CODE``), and
+    the indexes built after the commit (``CONCURRENTLY``), one statement each."""
+
+    before: LiteralString
+    after: LiteralString
+    concurrently: tuple[LiteralString, ...]
+
+
+def migration_sql(version: int) -> Step:
     """The step that brings the tables from ``version - 1`` to ``version``
-    (``migrations/NNN.sql``): what runs before the code files, and what runs after them."""
-    text = _read(f"migrations/{version:03d}.sql")
+    (``migrations/NNN.sql``)."""
+    return split_migration(_read(f"migrations/{version:03d}.sql"))
+
+
+def split_migration(text: str) -> Step:
+    text, _, concurrent = text.partition(CONCURRENTLY)
     before, _, after = text.partition(AFTER_CODE)
-    return cast(LiteralString, before), cast(LiteralString, after)  # type: ignore[redundant-cast]
+    return Step(
+        cast(LiteralString, before),  # type: ignore[redundant-cast]
+        cast(LiteralString, after),  # type: ignore[redundant-cast]
+        tuple(cast(LiteralString, s) for s in statements(concurrent) if s.strip()),  # type: ignore[redundant-cast]
+    )
+
+
+def migration_count() -> int:
+    """How many migration files ship (the last one's number)."""
+    names = resources.files("pgwork").joinpath("sql", "migrations").iterdir()
+    return max(int(p.name[:3]) for p in names if p.name.endswith(".sql"))

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, NamedTuple, TypeAlias, TypeVar, cast
 from uuid import UUID
 
 from psycopg import AsyncConnection, AsyncCursor, AsyncRawCursor, Error
@@ -27,6 +27,7 @@ from psycopg.rows import (
     tuple_row,
 )
 
+from . import SCHEMA_VERSION
 from .queries import P, Q
 
 if TYPE_CHECKING:
@@ -138,6 +139,31 @@ async def migrate_lock(conn: Conn) -> None:
 
 async def migrate_timeouts(conn: Conn, *, lock_timeout: str) -> None:
     await _exec(conn, "migrate_timeouts", {"lock_timeout": lock_timeout})
+
+
+async def migrate_attach_locks(conn: Conn) -> None:
+    await _exec(conn, "migrate_attach_locks")
+
+
+async def index_valid(conn: Conn, *, name: str) -> bool | None:
+    """Whether pgwork's index ``name`` is valid; None: there is none."""
+    got = await _dicts(conn, "index_valid", {"name": name})
+    return got[0]["valid"] if got else None
+
+
+async def index_drop_concurrently(conn: Conn, *, name: str) -> None:
+    """Drop an index an interrupted concurrent build left invalid (outside a transaction)."""
+    got = await _dicts(conn, "index_drop_concurrently", {"name": name})
+    # The statement the server quoted (format %I) for the one name it found in pgwork.
+    await conn.execute(cast(LiteralString, got[0]["statement"]))
+
+
+async def session_unbounded(conn: Conn) -> None:
+    await _exec(conn, "session_unbounded")
+
+
+async def session_bounded(conn: Conn) -> None:
+    await _exec(conn, "session_bounded")
 
 
 async def time_zones_refresh(conn: Conn) -> None:
@@ -435,6 +461,7 @@ async def daemon_register(
         conn,
         "daemon_register",
         {
+            "schema_version": SCHEMA_VERSION,
             "id": id,
             "host": host,
             "pid": pid,
@@ -446,8 +473,43 @@ async def daemon_register(
     )
 
 
-async def daemon_heartbeat(conn: Conn, *, id: str, listener_up: bool | None) -> None:
-    await _exec(conn, "daemon_heartbeat", {"id": id, "listener_up": listener_up})
+async def daemon_heartbeat(conn: Conn, *, id: str, listener_up: bool | None) -> str | None:
+    """Refresh this daemon's row; returns who asks the daemons to step aside for a migration
+    (None: nobody)."""
+    got = await _dicts(conn, "daemon_heartbeat", {"id": id, "listener_up": listener_up})
+    return got[0]["migration_requested_by"] if got else None
+
+
+@dataclass(frozen=True)
+class LiveDaemon:
+    id: str
+    host: str
+    pid: int
+    version: str
+    #: None: it predates the migration handshake.
+    schema_version: int | None
+
+
+async def migrate_daemons(conn: Conn) -> list[LiveDaemon]:
+    """The daemons alive now, whatever the schema's version (``pgwork migrate``)."""
+    return await _rows(conn, "migrate_daemons", LiveDaemon)
+
+
+async def migration_request(conn: Conn, *, by: str) -> str:
+    """Ask the running daemons to step aside (NOTIFY pgwork_migrate); returns who asks (an
+    earlier request stands)."""
+    got = await _dicts(conn, "migration_request", {"by": by})
+    return str(got[0]["migration_requested_by"])
+
+
+async def migration_clear(conn: Conn) -> None:
+    await _exec(conn, "migration_clear")
+
+
+async def migration_pending(conn: Conn) -> str | None:
+    """Who asks the daemons to step aside now (None: nobody)."""
+    got = await _dicts(conn, "migration_pending", {})
+    return got[0]["migration_requested_by"] if got else None
 
 
 async def daemon_unregister(conn: Conn, *, id: str) -> None:

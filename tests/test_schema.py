@@ -781,3 +781,27 @@ def test_migrations_pass_the_migration_linter() -> None:
                 assert n > 0 and lines[n - 1].startswith("-- ") and len(lines[n - 1]) > 20, (
                     f"{f.name}:{n + 1}: say why it is safe on the line above"
                 )
+
+
+async def test_an_index_built_after_the_commit_is_built_again_when_left_invalid(
+    empty_dsn: str,
+) -> None:
+    """Schema 14's index on the tombstones is built concurrently after the migration commits
+    (it never stops an app's delete); a build an interruption left invalid is dropped and built
+    again by the next `pgwork migrate`."""
+    schema = (Path(__file__).parent / "data" / "schema_v13.sql").read_text()
+    valid = (
+        "SELECT i.indisvalid FROM pg_index i "
+        "WHERE i.indexrelid = 'pgwork.retired_series_deadline'::regclass"
+    )
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        await c.execute(schema)
+        await db.migrate(c)
+        assert (await rows(c, valid))[0]["indisvalid"] is True
+        # What an interrupted CREATE INDEX CONCURRENTLY leaves behind.
+        await c.execute(
+            "UPDATE pg_index SET indisvalid = false "
+            "WHERE indexrelid = 'pgwork.retired_series_deadline'::regclass"
+        )
+        assert "already" in await db.migrate(c)
+        assert (await rows(c, valid))[0]["indisvalid"] is True

@@ -114,12 +114,21 @@ def with_conn(
     return anyio.run(main)
 
 
-def migrate_schema(dsn: str, pooled: bool = False, channels: Sequence[ChannelConfig] = ()) -> str:
+def migrate_schema(
+    dsn: str,
+    pooled: bool = False,
+    channels: Sequence[ChannelConfig] = (),
+    *,
+    wait_for_old: float = 0.0,
+    step_aside_within: float = 120.0,
+) -> str:
     """Migrate, then register ``channels``, so that apps can schedule for them before any
     daemon has started."""
 
     async def go(conn: psycopg.AsyncConnection[Any]) -> str:
-        done = await db.migrate(conn)
+        done = await db.migrate(
+            conn, wait_for_old=wait_for_old, step_aside_within=step_aside_within
+        )
         if channels:
             async with conn.transaction():
                 await store.register_channels(conn, channels)

@@ -56,11 +56,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N daemon processes as one service (auto: one per core): one parent starts, "
         "supervises and stops them, and speaks sd_notify for the group",
     )
-    sub.add_parser(
+    mg = sub.add_parser(
         "migrate",
         help="install or upgrade the pgwork schema (idempotent)",
         description="Install or upgrade the schema in one transaction; safe to run "
-        "concurrently; refuses a database newer than this pgwork.",
+        "concurrently; refuses a database newer than this pgwork. Before an upgrade, the "
+        "running daemons are asked to step aside (each finishes what it holds and exits for "
+        "its supervisor to start it again; it then waits for the migration); daemons older than "
+        "that handshake are named, and the upgrade refused unless --wait gives them time to be "
+        "stopped.",
+    )
+    mg.add_argument(
+        "--wait",
+        type=duration_arg,
+        default=0.0,
+        metavar="DURATION",
+        help="wait this long for daemons that predate the handshake to be stopped (e.g. 10m)",
+    )
+    mg.add_argument(
+        "--step-aside-within",
+        type=duration_arg,
+        default=120.0,
+        metavar="DURATION",
+        help="how long the running daemons get to step aside (2m)",
     )
     ps = sub.add_parser(
         "psql",

@@ -24,7 +24,7 @@ from .common import (
 
 
 def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
-    from ..daemon import Daemon
+    from ..daemon import STEPPED_ASIDE, Daemon
     from ..group import process_count
     from ..service import serve
 
@@ -46,11 +46,18 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
             print(migrate_schema(database.dsn), file=sys.stderr)
             welcome = partial(_print_welcome, database, cfg)
 
+        stepped_aside: list[str] = []
+
         async def main() -> None:
+            daemon = Daemon(cfg, database.dsn)  # in the loop: its events belong to it
             # The welcome once the daemon is ready: never above an error that stops it.
-            await serve(Daemon(cfg, database.dsn), on_ready=welcome)
+            await serve(daemon, on_ready=welcome)
+            if daemon.stepped_aside is not None:
+                stepped_aside.append(daemon.stepped_aside)
 
         eventloop.run(main, cfg.event_loop)
+        if stepped_aside:
+            return STEPPED_ASIDE
     finally:
         database.close()
         if provider is not None:
@@ -113,7 +120,15 @@ def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
     database = Database(cfg)
     try:
         configured = list(cfg.channels.values()) if cfg.channels_configured else []
-        print(migrate_schema(database.dsn, database.pooled, configured))
+        print(
+            migrate_schema(
+                database.dsn,
+                database.pooled,
+                configured,
+                wait_for_old=args.wait,
+                step_aside_within=args.step_aside_within,
+            )
+        )
     finally:
         database.close()
     return 0

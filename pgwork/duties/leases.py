@@ -113,6 +113,9 @@ class Heartbeat:
     metrics_at: str | None = None
     #: Wakes a heartbeat before its time (the listener came up or went down).
     waker: Waker = field(default_factory=Waker)
+    #: Called with who asks when a heartbeat finds `pgwork migrate` asking the daemons to step
+    #: aside (the floor under the listener's NOTIFY).
+    migration_asked: Callable[[str], None] = lambda _: None
 
     @property
     def daemon_id(self) -> str:
@@ -130,9 +133,13 @@ class Heartbeat:
                 extra={"work_id": work_id, "lease": lease},
             )
         async with self.pool.connection() as conn:
-            await store.daemon_heartbeat(conn, id=self.daemon_id, listener_up=self.listener_up())
+            asked_by = await store.daemon_heartbeat(
+                conn, id=self.daemon_id, listener_up=self.listener_up()
+            )
             gone = await store.daemons_forget_gone(conn)
             await self.clock.sync(conn)
+        if asked_by is not None:
+            self.migration_asked(asked_by)
         for g in gone:
             log.info("forgot daemon %s: no heartbeat for long", g, extra={"gone": g})
         return Next(self.every, "tick")

@@ -23,7 +23,9 @@ log = logging.getLogger("pgwork.listener")
 REMINDER_CHANNEL = "pgwork_reminder"
 WORK_CHANNEL = "pgwork_work"
 GATE_CHANNEL = "pgwork_channel"
-CHANNELS = (REMINDER_CHANNEL, WORK_CHANNEL, GATE_CHANNEL)
+#: `pgwork migrate` asks the daemons to step aside (the payload: who asks).
+MIGRATE_CHANNEL = "pgwork_migrate"
+CHANNELS = (REMINDER_CHANNEL, WORK_CHANNEL, GATE_CHANNEL, MIGRATE_CHANNEL)
 
 
 @dataclass(eq=False)
@@ -50,6 +52,8 @@ class Listener:
     #: Woken when the connection comes up or goes down (the heartbeat writes it to this
     #: daemon's row at once, for `pgwork status`).
     changed: Waker | None = None
+    #: Called with who asks when `pgwork migrate` asks the daemons to step aside.
+    migration_asked: Callable[[str], None] = lambda _: None
     up: bool = field(default=False, init=False)
     _first: anyio.Event = field(default_factory=anyio.Event, init=False)
 
@@ -112,6 +116,8 @@ class Listener:
                     self.materialiser.wake("notify")
                 elif n.channel == GATE_CHANNEL:
                     self.gate_changed(n.payload)
+                elif n.channel == MIGRATE_CHANNEL:
+                    self.migration_asked(n.payload)
                 elif not (self.origin and n.payload == self.origin):
                     self.workers.wake("notify")
             if not got:

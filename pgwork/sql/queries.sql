@@ -14,6 +14,54 @@ SELECT version FROM pgwork.schema_version
 INSERT INTO pgwork.schema_version (version) VALUES (%(version)s)
     ON CONFLICT (singleton) DO UPDATE SET version = excluded.version, applied_at = now()
 
+-- name: migrate_daemons
+-- The daemons alive now (a heartbeat within three intervals), as `pgwork migrate` sees them
+-- before it changes a schema of any version: columns a version may lack are read by name from
+-- the row (schema_version: NULL for a daemon that predates the handshake).
+SELECT d.id, d.host, (d.pid)::bigint AS pid, d.version,
+       (to_jsonb(d)->>'schema_version')::int AS schema_version
+  FROM pgwork.daemon d
+ WHERE d.heartbeat_at > now() - 3 * coalesce((to_jsonb(d)->>'heartbeat_every')::interval, interval '20 seconds')
+ ORDER BY d.host, d.pid
+
+-- name: migration_request
+-- Ask the running daemons to step aside (kept while a request stands), and wake them.
+WITH asked AS (
+    UPDATE pgwork.config SET migration_requested_at = coalesce(migration_requested_at, now()),
+                             migration_requested_by = coalesce(migration_requested_by, %(by)s)
+    RETURNING migration_requested_by
+)
+SELECT a.migration_requested_by, pg_notify('pgwork_migrate', a.migration_requested_by) IS NOT NULL AS told
+  FROM asked a
+
+-- name: migration_clear
+UPDATE pgwork.config SET migration_requested_at = NULL, migration_requested_by = NULL
+
+-- name: migration_pending
+-- Who asks the daemons to step aside now (NULL: nobody; a schema without the column: nobody).
+SELECT to_jsonb(c)->>'migration_requested_by' AS migration_requested_by FROM pgwork.config c
+
+-- name: migrate_attach_locks
+-- Before the triggers, policies and views are attached: the apps' tables, in the order an app's
+-- statement locks them (pgwork.reminder, then its work rows through the triggers).
+LOCK TABLE pgwork.reminder, pgwork.renewal_work, pgwork.app_source IN ACCESS EXCLUSIVE MODE
+
+-- name: index_valid
+-- Whether pgwork's index of this name is valid (NULL: there is none).
+SELECT (SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+         WHERE c.relnamespace = 'pgwork'::regnamespace AND c.relname = %(name)s) AS valid
+
+-- name: index_drop_concurrently
+SELECT format('DROP INDEX CONCURRENTLY IF EXISTS pgwork.%%I', %(name)s::text) AS statement
+
+-- name: session_unbounded
+-- A concurrent index build may take as long as its table needs, and waits for the
+-- transactions already running (it stops no write meanwhile).
+SELECT set_config('statement_timeout', '0', false), set_config('lock_timeout', '0', false)
+
+-- name: session_bounded
+RESET statement_timeout; RESET lock_timeout
+
 -- name: migrate_lock
 -- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
 SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
@@ -174,11 +222,12 @@ SELECT pgwork.pause_channel(%(channel)s, %(reason)s, %(actor)s) AS changed
 SELECT pgwork.resume_channel(%(channel)s, %(actor)s) AS changed
 
 -- name: daemon_register
-INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every, listener_up, metrics_at)
-VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s, %(listener_up)s, %(metrics_at)s)
+INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every, listener_up, metrics_at, schema_version)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s, %(listener_up)s, %(metrics_at)s,
+        %(schema_version)s)
     ON CONFLICT (id) DO UPDATE
    SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every, listener_up = excluded.listener_up,
-       metrics_at = excluded.metrics_at
+       metrics_at = excluded.metrics_at, schema_version = excluded.schema_version
 
 -- name: daemons_forget_gone
 -- Daemons silent for ten heartbeat intervals (and at least ten minutes) are gone for good (killed,
@@ -188,7 +237,9 @@ DELETE FROM pgwork.daemon
 RETURNING id
 
 -- name: daemon_heartbeat
+-- And whether `pgwork migrate` asks the daemons to step aside (the NOTIFY's floor).
 UPDATE pgwork.daemon SET heartbeat_at = now(), listener_up = %(listener_up)s WHERE id = %(id)s
+RETURNING (SELECT c.migration_requested_by FROM pgwork.config c) AS migration_requested_by
 
 -- name: daemon_unregister
 DELETE FROM pgwork.daemon WHERE id = %(id)s
@@ -831,7 +882,7 @@ SELECT id, host, pid, version, started_at, heartbeat_at, listener_up, metrics_at
   FROM pgwork.daemon ORDER BY started_at
 
 -- name: listen
-LISTEN pgwork_reminder; LISTEN pgwork_work; LISTEN pgwork_channel
+LISTEN pgwork_reminder; LISTEN pgwork_work; LISTEN pgwork_channel; LISTEN pgwork_migrate
 
 -- name: is_standby
 SELECT pg_is_in_recovery() AS standby
