@@ -341,6 +341,19 @@ async def migrate(
     raise AssertionError("unreachable")
 
 
+#: A step that alters a table apps write, or what is attached to it: the legacy steps (before
+#: schema 12) did, in an order of their own.
+_CHANGES_APPS_TABLES = re.compile(
+    r"(ALTER TABLE|LOCK TABLE|ON)\s+pgwork\.(reminder|renewal_work|retired|lane|channel|app_source)\b"
+    r"|DROP (VIEW|POLICY|TRIGGER)",
+    re.IGNORECASE,
+)
+
+
+def _uncommented(sql: str) -> str:
+    return re.sub(r"--[^\n]*", "", sql)
+
+
 def _step(version: int, extra: Mapping[int, str]) -> Step:
     return split_migration(extra[version]) if version in extra else migration_sql(version)
 
@@ -428,6 +441,8 @@ async def _migrate_once(conn: AsyncConnection[Any], version: int, extra: Mapping
             await store.time_zones_refresh(conn)
             return f"pgwork schema already at version {v}"
         steps = [_step(step, extra) for step in range(v + 1, version + 1)]
+        if any(_CHANGES_APPS_TABLES.search(_uncommented(s.before)) for s in steps):
+            await store.migrate_lock_apps_tables(conn)
         for step in steps:
             await conn.execute(step.before)
         # The code once, as it is now (a renamed or dropped signature is a migration's DROP):

@@ -141,6 +141,10 @@ async def migrate_timeouts(conn: Conn, *, lock_timeout: str) -> None:
     await _exec(conn, "migrate_timeouts", {"lock_timeout": lock_timeout})
 
 
+async def migrate_lock_apps_tables(conn: Conn) -> None:
+    await _exec(conn, "migrate_lock_apps_tables")
+
+
 async def migrate_attach_locks(conn: Conn) -> None:
     await _exec(conn, "migrate_attach_locks")
 
@@ -679,8 +683,9 @@ async def _one_round_trip(conn: Conn) -> AsyncIterator[None]:
 
 
 @dataclass(frozen=True)
-class Gate:
-    """When a channel's claim can next get rows (see next_available)."""
+class GateReading:
+    """What the database says of a channel's gate: when its claim can next get rows (see
+    next_available). ``deliver.gate.Gate`` is the worker's state built from it."""
 
     #: Seconds until the next row is claimable (negative: now); None when none.
     wait_s: float | None
@@ -693,8 +698,8 @@ class Gate:
     full: bool
 
 
-async def next_available(conn: Conn, *, channel: str) -> Gate:
-    return await _one(conn, "next_available", Gate, {"channel": channel})
+async def next_available(conn: Conn, *, channel: str) -> GateReading:
+    return await _one(conn, "next_available", GateReading, {"channel": channel})
 
 
 @dataclass(frozen=True)
@@ -718,18 +723,20 @@ async def record_outcomes(
 
 
 @dataclass(frozen=True)
-class Claim:
+class LeaseKept:
+    """A row whose lease an extension renewed (``extend_leases``)."""
+
     id: int
     lease: int
 
 
 async def extend_leases(
     conn: Conn, *, work_id: list[int], lease_no: list[int], lease: timedelta
-) -> list[Claim]:
+) -> list[LeaseKept]:
     return await _rows(
         conn,
         "extend_leases",
-        Claim,
+        LeaseKept,
         {"work_id": work_id, "lease_no": lease_no, "lease": lease},
     )
 

@@ -128,8 +128,8 @@ def test_a_page_reservation_returned_wakes_the_claim_loop_it_starved() -> None:
     assert c.unreserve(8) is True
 
 
-def _gate(seen: dict[str, Any]) -> store.Gate:
-    return store.Gate(
+def _gate(seen: dict[str, Any]) -> store.GateReading:
+    return store.GateReading(
         wait_s=seen.get("wait_s"),
         paused=seen.get("paused", False),
         hold_s=seen.get("hold_s", 0.0),

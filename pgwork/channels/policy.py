@@ -4,6 +4,7 @@ delay, or dead), in one pure function."""
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 from ..config import RetryPolicy
 from .types import Delivered, Failed, Outcome
@@ -15,10 +16,23 @@ def backoff_delay(policy: RetryPolicy, attempt: int) -> float:
     return random.uniform(0, ceiling)
 
 
+class Decision(NamedTuple):
+    """What an attempt's outcome means for its row."""
+
+    #: The ledger's outcome: delivered, duplicate, retry or failed.
+    ledger: str
+    #: The row's new status: delivered, ready (a retry) or dead.
+    status: str
+    #: Seconds until the retry (a ready row); None otherwise.
+    retry_in: float | None
+    #: The error the ledger and the row keep (the dead reason of a dead row).
+    error: str | None
+
+
 def decide(
     outcome: Outcome, attempts_used: int, policy: RetryPolicy, tried_for: float = 0.0
-) -> tuple[str, str, float | None, str | None]:
-    """(ledger outcome, new status, retry delay, error) for an attempt's outcome.
+) -> Decision:
+    """What an attempt's outcome means for its row.
     ``attempts_used`` counts this attempt, relative to the last redrive; ``tried_for`` is how
     long the occurrence has been tried, seconds (from its due time or its last redrive).
 
@@ -27,13 +41,13 @@ def decide(
     last try). A paused channel's row (``Retry.pause``) always waits: a pause is not a failure
     of the occurrence."""
     if isinstance(outcome, Delivered):
-        return ("duplicate" if outcome.duplicate else "delivered"), "delivered", None, None
+        return Decision("duplicate" if outcome.duplicate else "delivered", "delivered", None, None)
     if isinstance(outcome, Failed):
-        return "failed", "dead", None, f"permanent failure: {outcome.error}"
+        return Decision("failed", "dead", None, f"permanent failure: {outcome.error}")
     if outcome.pause is not None:
-        return "retry", "ready", 0.0, f"{outcome.error} (channel paused: {outcome.pause})"
+        return Decision("retry", "ready", 0.0, f"{outcome.error} (channel paused: {outcome.pause})")
     if attempts_used >= policy.max_attempts:
-        return (
+        return Decision(
             "retry",
             "dead",
             None,
@@ -41,7 +55,7 @@ def decide(
         )
     left = policy.retry_for - tried_for
     if left <= 0:
-        return (
+        return Decision(
             "retry",
             "dead",
             None,
@@ -49,4 +63,4 @@ def decide(
             f"last error: {outcome.error}",
         )
     delay = outcome.delay if outcome.delay is not None else backoff_delay(policy, attempts_used)
-    return "retry", "ready", min(delay, left), outcome.error
+    return Decision("retry", "ready", min(delay, left), outcome.error)

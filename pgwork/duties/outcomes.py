@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .. import store
+from ..channels.policy import Decision
 from ..channels.types import Delivered, Outcome, Receipt, Retry
 from ..metrics import Metrics
 from ..secrets import Secrets
@@ -166,15 +167,20 @@ class Record:
         row: store.Claimed,
         channel: str,
         outcome: Outcome,
-        decided: tuple[str, str, float | None, str | None],
+        decided: Decision,
         started: float,
         finished: float,
     ) -> Record:
         """The record of one attempt at ``row``: what the channel returned and what the retry
-        policy ``decided`` of it (ledger outcome, status, retry delay, error). A throttling answer
+        policy ``decided`` of it. A throttling answer
         holds the channel for its Retry-After (THROTTLE_HOLD without one, MAX_THROTTLE_HOLD at
         most). Cleaning for storage is ``cleaned``'s, in the writer's task."""
-        ledger, status, delay, error = decided
+        ledger, status, delay, error = (
+            decided.ledger,
+            decided.status,
+            decided.retry_in,
+            decided.error,
+        )
         throttle = pause = None
         if isinstance(outcome, Retry):
             if outcome.throttle:

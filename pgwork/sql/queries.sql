@@ -41,6 +41,23 @@ UPDATE pgwork.config SET migration_requested_at = NULL, migration_requested_by =
 -- Who asks the daemons to step aside now (NULL: nobody; a schema without the column: nobody).
 SELECT to_jsonb(c)->>'migration_requested_by' AS migration_requested_by FROM pgwork.config c
 
+-- name: migrate_lock_apps_tables
+-- Before steps that change the apps' tables themselves (schemas before 12): every table an
+-- app's statement locks, in the order it locks them (a reminder; through its triggers its work
+-- rows, tombstones and lanes; its channel's row; the sources' roles), those this schema has.
+-- No step then takes a lock an app holds while the app waits for one the step holds.
+DO $$
+DECLARE t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['pgwork.reminder', 'pgwork.renewal_work', 'pgwork.retired', 'pgwork.lane',
+                             'pgwork.channel', 'pgwork.app_source'] LOOP
+        IF to_regclass(t) IS NOT NULL THEN
+            EXECUTE format('LOCK TABLE %%s IN ACCESS EXCLUSIVE MODE', t);
+        END IF;
+    END LOOP;
+END
+$$
+
 -- name: migrate_attach_locks
 -- Before the triggers, policies and views are attached: the apps' tables, in the order an app's
 -- statement locks them (pgwork.reminder, then its work rows through the triggers).

@@ -275,11 +275,11 @@ class ChannelWorker:
         self.gate.changed()
         self.waker.wake("gate")
 
-    async def _read_gate(self) -> store.Gate:
+    async def _read_gate(self) -> store.GateReading:
         async with self.pool.connection() as conn:
             return await store.next_available(conn, channel=self.name)
 
-    async def _apply_gate(self, gate: store.Gate) -> None:
+    async def _apply_gate(self, gate: store.GateReading) -> None:
         """Take the channel's state from the database. Paused, or held by a throttle or the
         circuit breaker: give back the rows queued here (not started, so not counted), so that
         they are claimed again under the channel's limits once it opens. Asked on every read
@@ -484,16 +484,14 @@ class ChannelWorker:
             if isinstance(outcome, Delivered)
             else (self.clock.db_time(t1) - row.retry_since).total_seconds()
         )
-        ledger, status, delay, error = decide(
-            outcome, row.attempts - row.attempts_base, self.policy, tried_for
-        )
+        decided = decide(outcome, row.attempts - row.attempts_base, self.policy, tried_for)
         if self.tracer is not None:
-            self.tracer.deliver_end((row.id, row.lease), span, ledger, outcome.http_status, error)
+            self.tracer.deliver_end(
+                (row.id, row.lease), span, decided.ledger, outcome.http_status, decided.error
+            )
         # The row stays at hand until its outcome is durable: settle counts and logs it.
         self._writing[row.id, row.lease] = (row, elapsed)
-        self.writer.submit(
-            Record.of(row, self.name, outcome, (ledger, status, delay, error), t0, t1)
-        )
+        self.writer.submit(Record.of(row, self.name, outcome, decided, t0, t1))
         if self.capacity.delivered(elapsed):
             self.waker.wake("slot")
 

@@ -65,7 +65,7 @@ class Gate:
         self.until = max(self.until, until)
         self.changed()
 
-    def read(self, seen: store.Gate, now: float) -> tuple[bool, bool]:
+    def read(self, seen: store.GateReading, now: float) -> tuple[bool, bool]:
         """Take the database's view. Returns (the pause changed, the rows queued here must be
         given back: the channel is paused or held, so they are claimed again under its limits
         once it opens)."""
