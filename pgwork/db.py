@@ -304,7 +304,29 @@ async def migrate(
     v = await schema_version(conn)
     upgrade = v is not None and v < version
     asked = upgrade and v is not None and v >= HANDSHAKE_SINCE
-    if upgrade:
+    if asked:
+        await store.migration_hold(conn)
+    try:
+        return await _migrate_asking(
+            conn, v, version, steps or {}, asked, by, wait_for_old, step_aside_within
+        )
+    finally:
+        if asked:
+            with anyio.CancelScope(shield=True):
+                await store.migration_release(conn)
+
+
+async def _migrate_asking(
+    conn: AsyncConnection[Any],
+    v: int | None,
+    version: int,
+    steps: Mapping[int, str],
+    asked: bool,
+    by: str | None,
+    wait_for_old: float,
+    step_aside_within: float,
+) -> str:
+    if v is not None and v < version:
         by = by or f"{socket.gethostname()}/{os.getpid()}"
         if asked:
             await store.migration_request(conn, by=by)
@@ -318,8 +340,8 @@ async def migrate(
     pause = 0.5
     for attempt in range(1, MIGRATE_ATTEMPTS + 1):
         try:
-            said = await _migrate_once(conn, version, steps or {})
-            await _build_concurrently(conn, version, steps or {})
+            said = await _migrate_once(conn, version, steps)
+            await _build_concurrently(conn, version, steps)
             return said
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as e:
             if attempt == MIGRATE_ATTEMPTS:

@@ -511,9 +511,28 @@ async def migration_clear(conn: Conn) -> None:
 
 
 async def migration_pending(conn: Conn) -> str | None:
-    """Who asks the daemons to step aside now (None: nobody)."""
+    """Who asks the daemons to step aside now (None: nobody). A request left by a migrate that
+    ended without clearing it (killed) is cleared and is nobody's."""
     got = await _dicts(conn, "migration_pending", {})
-    return got[0]["migration_requested_by"] if got else None
+    by = got[0]["migration_requested_by"] if got else None
+    return None if by is None else await migration_standing(conn, by)
+
+
+async def migration_standing(conn: Conn, by: str) -> str | None:
+    """``by`` if its migrate still holds its request; else the request is cleared and None."""
+    gone = await _dicts(conn, "migration_requester_gone", {})
+    if not gone[0]["gone"]:
+        return by
+    await _exec(conn, "migration_clear_stale", {"by": by})
+    return None
+
+
+async def migration_hold(conn: Conn) -> None:
+    await _exec(conn, "migration_hold")
+
+
+async def migration_release(conn: Conn) -> None:
+    await _exec(conn, "migration_release")
 
 
 async def daemon_unregister(conn: Conn, *, id: str) -> None:

@@ -519,7 +519,8 @@ def test_every_named_statement_has_one_typed_function() -> None:
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
     # Run inside another function's transaction: claim_lock in claim_work's, batch_limits in
     # retention_delete_batch's, commit_synchronously in materialise_page's, the retire steps in
-    # channel_retire's; or one of two a function chooses (history_work).
+    # channel_retire's; or one of two a function chooses (history_work); the two steps of
+    # migration_standing.
     inner = {
         "claim_lock",
         "batch_limits",
@@ -528,6 +529,8 @@ def test_every_named_statement_has_one_typed_function() -> None:
         "channel_retire_cancel",
         "history_work_of_reminder",
         "history_work_of_key",
+        "migration_requester_gone",
+        "migration_clear_stale",
     }
     assert set(Q) - inner <= bound, set(Q) - bound
     package = Path(__file__).resolve().parent.parent / "pgwork"

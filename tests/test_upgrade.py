@@ -179,3 +179,21 @@ async def test_a_daemon_of_the_new_version_waits_for_the_migration_and_resumes(
         got = receiver.wait_for(1)
     assert got[0].key and got[0].body["business_key"] == "before"
     assert not _errors(new.lines()), _errors(new.lines())
+
+
+async def test_a_request_left_by_a_killed_migrate_is_cleared_not_obeyed(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    """A migrate killed between its request and its commit leaves the request standing: daemons
+    would wait for it for ever. Its lock is gone with it, so a daemon clears the request and runs."""
+    await conn.execute(
+        "UPDATE pgwork.config SET migration_requested_at = now(), "
+        "migration_requested_by = 'gone-host/4242'"
+    )
+    with Receiver() as receiver:
+        await add(conn, "k", channel="hook")
+        daemon = procs(dsn, toml(channel=hook(receiver.url)))
+        receiver.wait_for(1)
+    pending = await rows(conn, "SELECT migration_requested_by FROM pgwork.config")
+    assert pending == [{"migration_requested_by": None}]
+    assert not _errors(daemon.lines())

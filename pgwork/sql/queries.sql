@@ -37,6 +37,26 @@ SELECT a.migration_requested_by, pg_notify('pgwork_migrate', a.migration_request
 -- name: migration_clear
 UPDATE pgwork.config SET migration_requested_at = NULL, migration_requested_by = NULL
 
+-- name: migration_hold
+-- Held by the `pgwork migrate` that asks, for as long as its request stands (session-level):
+-- a request whose migrate is gone (killed) holds it no more, and is then ignored and cleared.
+-- A second migrate waits here for the first, however long it takes.
+SELECT pg_advisory_lock(hashtext('pgwork.migration_request')) AS held
+  FROM (SELECT set_config('lock_timeout', '0', true)) AS unbounded
+
+-- name: migration_release
+SELECT pg_advisory_unlock(hashtext('pgwork.migration_request'))
+
+-- name: migration_requester_gone
+-- Whether no session holds the request's lock (its migrate ended without clearing it); the lock
+-- taken to find out is given back at once.
+SELECT pg_try_advisory_lock(hashtext('pgwork.migration_request'))
+       AND pg_advisory_unlock(hashtext('pgwork.migration_request')) AS gone
+
+-- name: migration_clear_stale
+UPDATE pgwork.config SET migration_requested_at = NULL, migration_requested_by = NULL
+ WHERE migration_requested_by = %(by)s
+
 -- name: migration_pending
 -- Who asks the daemons to step aside now (NULL: nobody; a schema without the column: nobody).
 SELECT to_jsonb(c)->>'migration_requested_by' AS migration_requested_by FROM pgwork.config c
