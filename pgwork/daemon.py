@@ -198,7 +198,7 @@ class Daemon:
             tick=cfg.tick,
             lookahead=cfg.lookahead,
             page_size=cfg.page_size,
-            claimers=deliveries.workers,
+            claimers=deliveries.runners,
             origin=self.daemon_id,
         )
         listen_dsn = self.listen_dsn

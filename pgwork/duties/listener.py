@@ -41,7 +41,7 @@ class Listener:
     dsn: str
     sup: Supervisor
     materialiser: Waker
-    workers: WakerGroup
+    claimers: WakerGroup
     _: KW_ONLY
     connect_timeout: float = 5.0
     #: Called with a delivery channel's name when its gate changed; None: any may have.
@@ -88,7 +88,7 @@ class Listener:
             self._first.set()
             log.info("listening", extra={"duty": "listener", "channels": list(CHANNELS)})
             self.materialiser.wake("reconnect")
-            self.workers.wake("reconnect")
+            self.claimers.wake("reconnect")
             self.gate_changed(None)
             try:
                 await self._listen(conn)
@@ -119,7 +119,7 @@ class Listener:
                 elif n.channel == MIGRATE_CHANNEL:
                     self.migration_asked(n.payload)
                 elif not (self.origin and n.payload == self.origin):
-                    self.workers.wake("notify")
+                    self.claimers.wake("notify")
             if not got:
                 # Silence: make sure the connection is still alive.
                 with anyio.fail_after(self.connect_timeout):

@@ -54,7 +54,7 @@ class _Started(NamedTuple):
     span: Any
 
 
-class ChannelWorker:
+class ChannelRunner:
     """One channel: a claim loop that keeps a queue topped up, and ``concurrency`` long-lived
     delivery workers that take rows from it.
 
@@ -170,7 +170,7 @@ class ChannelWorker:
 
     def start_workers(self, tg: TaskGroup) -> None:
         for _ in range(self.concurrency):
-            tg.start_soon(self._worker)
+            tg.start_soon(self._delivering)
         tg.start_soon(self._reap)
 
     async def _reap(self) -> None:
@@ -412,7 +412,7 @@ class ChannelWorker:
         for _ in range(min(taken, len(self._idle))):
             self._idle.pop().set()
 
-    async def _worker(self) -> None:
+    async def _delivering(self) -> None:
         """Runs deliveries one after another inside one cancel scope, which the reaper cancels
         when the attempt under way is overdue (not a scope per attempt: bench/README.md, "Per-delivery code"). A cancelled scope
         is left at once and a new one made, so the cancellation ends that one attempt: the next

@@ -20,7 +20,7 @@ from ...tracing import Tracer
 from ...waker import WakerGroup
 from ..leases import Leases, release_all
 from ..outcomes import OutcomeWriter
-from .channel import ChannelWorker
+from .channel import ChannelRunner
 
 log = logging.getLogger("pgwork.worker")
 
@@ -58,8 +58,8 @@ class Deliveries:
         self.writer = writer
         self.leases = leases
         self.identity = identity
-        self.workers = [
-            ChannelWorker(
+        self.runners = [
+            ChannelRunner(
                 ch,
                 pool,
                 writer,
@@ -79,20 +79,20 @@ class Deliveries:
     def gate_changed(self, channel: str | None) -> None:
         """A channel's gate changed (NOTIFY ``pgwork_channel``); None: any may have (the
         listener reconnected, notifications may have been lost)."""
-        for w in self.workers:
+        for w in self.runners:
             if channel is None or w.name == channel:
                 w.gate_changed()
 
     @property
     def held(self) -> int:
         """Rows claimed by this daemon and not yet settled."""
-        return sum(w.held for w in self.workers)
+        return sum(w.held for w in self.runners)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Claim loops stop cooperatively (a flag), so a stop never cancels a claim statement;
         the work group holds only the delivery workers."""
         async with self.pool.connection() as conn, conn.transaction():
-            changed = await store.register_channels(conn, [w.channel.config for w in self.workers])
+            changed = await store.register_channels(conn, [w.channel.config for w in self.runners])
         for name in changed:
             log.warning(
                 "channel %s: this daemon's config changed its shared settings (catch_up, "
@@ -102,14 +102,14 @@ class Deliveries:
                 extra={"channel": name},
             )
         async with anyio.create_task_group() as claims:
-            for w in self.workers:
+            for w in self.runners:
                 await claims.start(w.run)
             async with anyio.create_task_group() as work:
-                for w in self.workers:
+                for w in self.runners:
                     w.start_workers(work)
                 self._work = work
                 task_status.started()
-            for w in self.workers:
+            for w in self.runners:
                 w.stop_taking()
             self._stopped.set()
 
@@ -118,7 +118,7 @@ class Deliveries:
         by the grace deadline or by ``hard``)."""
         assert self._work is not None, "stop() before run() started"
         work = self._work
-        for w in self.workers:
+        for w in self.runners:
             w.stop_claiming()
             w.stop_taking()
         work.cancel_scope.deadline = anyio.current_time() + grace
@@ -148,7 +148,7 @@ class Deliveries:
             # A claim under way may have committed already: wait for its rows (held, never
             # started), so that they are given back below, not left claimed until their lease
             # expires. No claim starts after stop_claiming.
-            while any(w.claiming for w in self.workers):  # noqa: ASYNC110
+            while any(w.claiming for w in self.runners):  # noqa: ASYNC110
                 await anyio.sleep(self.IDLE_POLL)
             await self.writer.drain()
             released = await release_all(self.pool, self.leases, self.identity)
