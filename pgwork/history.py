@@ -47,7 +47,7 @@ class History:
 def state(row: dict[str, Any], now: datetime) -> str:
     """A work row's status, saying when a ready row is not claimable yet: a look-ahead row
     before its due time, or a retry before its next try."""
-    if row["status"] == "ready" and row["available_at"] > now:
+    if row["status"] == store.Status.READY and row["available_at"] > now:
         return "retry waiting" if row["attempts"] else "ready, not yet due"
     return str(row["status"])
 

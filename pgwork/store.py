@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from functools import partial
 from typing import TYPE_CHECKING, Any, LiteralString, NamedTuple, TypeAlias, TypeVar, cast
 from uuid import UUID
@@ -34,6 +35,21 @@ if TYPE_CHECKING:
     from .config import ChannelConfig
 
 Conn = AsyncConnection[Any]
+
+
+class Status(StrEnum):
+    """A work row's status, as pgwork.renewal_work's constraint spells them (a str: rows from
+    the database compare equal to these)."""
+
+    READY = "ready"
+    CLAIMED = "claimed"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+    EXPIRED = "expired"
+
+
 T = TypeVar("T")
 
 

@@ -477,7 +477,7 @@ class WebApp:
         ]
         action = (
             self._action_form(request, f"/work/{work_id}/redrive", "redrive")
-            if w["status"] == "dead"
+            if w["status"] == store.Status.DEAD
             else ""
         )
         ledger = _table(

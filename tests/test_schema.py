@@ -808,3 +808,17 @@ async def test_an_index_built_after_the_commit_is_built_again_when_left_invalid(
         )
         assert "already" in await db.migrate(c)
         assert (await rows(c, valid))[0]["indisvalid"] is True
+
+
+async def test_the_status_names_are_the_tables(conn: psycopg.AsyncConnection[Any]) -> None:
+    """store.Status spells what pgwork.renewal_work's constraint allows, no more, no less."""
+    from pgwork.store import Status
+
+    got = await rows(
+        conn,
+        "SELECT pg_get_constraintdef(oid) AS d FROM pg_constraint "
+        "WHERE conrelid = 'pgwork.renewal_work'::regclass AND contype = 'c' "
+        "AND pg_get_constraintdef(oid) LIKE '%%status = ANY%%'",
+    )
+    allowed = set(re.findall(r"'(\w+)'::text", got[0]["d"]))
+    assert allowed == {s.value for s in Status}

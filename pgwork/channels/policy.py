@@ -7,6 +7,7 @@ import random
 from typing import NamedTuple
 
 from ..config import RetryPolicy
+from ..store import Status
 from .types import Delivered, Failed, Outcome
 
 
@@ -22,7 +23,7 @@ class Decision(NamedTuple):
     #: The ledger's outcome: delivered, duplicate, retry or failed.
     ledger: str
     #: The row's new status: delivered, ready (a retry) or dead.
-    status: str
+    status: Status
     #: Seconds until the retry (a ready row); None otherwise.
     retry_in: float | None
     #: The error the ledger and the row keep (the dead reason of a dead row).
@@ -41,15 +42,19 @@ def decide(
     last try). A paused channel's row (``Retry.pause``) always waits: a pause is not a failure
     of the occurrence."""
     if isinstance(outcome, Delivered):
-        return Decision("duplicate" if outcome.duplicate else "delivered", "delivered", None, None)
+        return Decision(
+            "duplicate" if outcome.duplicate else "delivered", Status.DELIVERED, None, None
+        )
     if isinstance(outcome, Failed):
-        return Decision("failed", "dead", None, f"permanent failure: {outcome.error}")
+        return Decision("failed", Status.DEAD, None, f"permanent failure: {outcome.error}")
     if outcome.pause is not None:
-        return Decision("retry", "ready", 0.0, f"{outcome.error} (channel paused: {outcome.pause})")
+        return Decision(
+            "retry", Status.READY, 0.0, f"{outcome.error} (channel paused: {outcome.pause})"
+        )
     if attempts_used >= policy.max_attempts:
         return Decision(
             "retry",
-            "dead",
+            Status.DEAD,
             None,
             f"attempt budget spent ({attempts_used} attempts); last error: {outcome.error}",
         )
@@ -57,10 +62,10 @@ def decide(
     if left <= 0:
         return Decision(
             "retry",
-            "dead",
+            Status.DEAD,
             None,
             f"retry window spent (retry_for {policy.retry_for:g}s, {attempts_used} attempts); "
             f"last error: {outcome.error}",
         )
     delay = outcome.delay if outcome.delay is not None else backoff_delay(policy, attempts_used)
-    return Decision("retry", "ready", min(delay, left), outcome.error)
+    return Decision("retry", Status.READY, min(delay, left), outcome.error)

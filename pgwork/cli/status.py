@@ -66,7 +66,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             print(_lock_holders(holders))
             print("status is incomplete: its reads waited for a lock past the lock timeout")
         return 4
-    dead = sum(r["n"] for r in st["work"] if r["status"] == "dead")
+    dead = sum(r["n"] for r in st["work"] if r["status"] == store.Status.DEAD)
     lag = st["lag"]["lag_seconds"]
     if args.json:
         print(to_json({**st, "dead_letters": dead}))

@@ -31,7 +31,7 @@ class Reading:
 
     @property
     def dead_letters(self) -> int:
-        return sum(s.n for s in self.states if s.status == "dead")
+        return sum(s.n for s in self.states if s.status == store.Status.DEAD)
 
 
 async def read(conn: AsyncConnection[Any]) -> Reading:

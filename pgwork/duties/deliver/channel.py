@@ -25,6 +25,7 @@ from ...channels.policy import decide
 from ...channels.types import Outcome, attempt_timed_out
 from ...clock import Clock
 from ...config import Config
+from ...store import Status
 from ...supervise import Next, Supervisor
 from ...tracing import Tracer
 from ...waker import Waker, WakerGroup
@@ -376,7 +377,7 @@ class ChannelRunner:
         as many idle workers as it brought rows."""
         taken = 0
         for row in rows:
-            if row.prev_status == "claimed":
+            if row.prev_status == Status.CLAIMED:
                 self.metrics.lease_reclaims.labels(self.name).inc()
                 log.warning(
                     "reclaimed a row whose lease expired",
@@ -387,7 +388,7 @@ class ChannelRunner:
                         "operation_id": str(row.operation_id),
                     },
                 )
-            if row.status != "claimed":
+            if row.status != Status.CLAIMED:
                 self.metrics.closed_at_claim.labels(self.name, row.status).inc()
                 log.info(
                     "closed at claim instead of sending: %s",
@@ -509,13 +510,13 @@ class ChannelRunner:
             counted[outcome] = counted.get(outcome, 0) + 1
             if self.tracer is not None:
                 self.tracer.settled(key, r.outcome, accepted)
-            if accepted and r.status == "delivered":
+            if accepted and r.status == Status.DELIVERED:
                 # Both instants by the database's clock (see Clock).
                 late = self.clock.seconds_since(row.due_at, r.finished)
                 self._m_lateness.observe(late if late > 0.0 else 0.0)
                 if r.outcome == "duplicate":
                     self._m_duplicates.inc()
-            if r.status == "ready":
+            if r.status == Status.READY:
                 self.waker.wake("local")  # the retry may be due before the next tick
             if accepted and r.throttle is not None:
                 # Hold here at once (the other daemons learn it by NOTIFY); the gate read then
@@ -529,16 +530,16 @@ class ChannelRunner:
             # A delivered attempt at debug: the ledger and the metrics have it, and a line each
             # cost a third of a webhook delivery's CPU in the daemon (bench/README.md); what
             # went wrong at info, a dead letter at warning.
-            if r.status == "dead":
+            if r.status == Status.DEAD:
                 level = logging.WARNING
-            elif accepted and r.status == "delivered":
+            elif accepted and r.status == Status.DELIVERED:
                 level = logging.DEBUG
             else:
                 level = logging.INFO
             if level >= logged:
                 log.log(
                     level,
-                    "dead letter after attempt %s" if r.status == "dead" else "attempt %s",
+                    "dead letter after attempt %s" if r.status == Status.DEAD else "attempt %s",
                     outcome,
                     extra={
                         "work_id": r.work_id,
