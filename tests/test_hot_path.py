@@ -862,3 +862,22 @@ async def test_warming_a_new_pool_plans_the_page_on_every_connection_and_changes
     assert await work(conn) == []
     (r,) = await rows(conn, "SELECT next_fire_at FROM pgwork.reminder")
     assert r["next_fire_at"] is None
+
+
+def test_the_outcome_records_shape_agrees_in_its_three_spellings() -> None:
+    """An outcome record is spelled as Record's fields, as the JSON json_text writes, and as the
+    recordset record_outcomes reads: the three must name the same things (times as seconds ago
+    in the JSON and SQL; the receipt's cleaned text is the receipt)."""
+    import dataclasses
+    import re
+
+    from pgwork.queries import Q
+
+    sent = {f.name for f in dataclasses.fields(Record)} - {"started", "finished", "receipt_json"}
+    sent |= {"started_ago", "finished_ago"}
+    m = re.search(
+        r"jsonb_to_recordset\(%\(outcomes\)s::jsonb\)\s+AS o\((.*?)\)\n", Q["record_outcomes"], re.S
+    )
+    assert m is not None
+    read = {col.split()[0] for col in m.group(1).split(",")}
+    assert read == sent
