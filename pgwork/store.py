@@ -462,6 +462,7 @@ async def channel_retire(conn: Conn, *, channel: str, cancel: bool) -> ChannelUs
         if (use.reminders or use.live) and not cancel:
             return use
         await _exec(conn, "channel_retire_cancel", {"channel": channel})
+        await _exec(conn, "channel_retire_close_work", {"channel": channel})
         await _exec(conn, "channel_retire", {"channel": channel})
         return use
 

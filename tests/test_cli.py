@@ -598,7 +598,10 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
     await add(conn, "k1", "now() - interval '2 hours'", channel="old-crm")
     await add(conn, "k2", "now() + interval '1 day'", channel="old-crm")
     await add(conn, "other", "now() + interval '1 day'", channel="log")
+    await add(conn, "moved", "now() - interval '1 hour'", channel="old-crm")
     await materialise(dsn)
+    # A reminder moved to another channel keeps the row made for this one.
+    await conn.execute("UPDATE pgwork.reminder SET channel = 'log' WHERE business_key = 'moved'")
     await conn.execute(
         "SELECT pgwork.pause_channel('old-crm', 'HTTP 410 from https://old.example/hook', 'pgwork')"
     )
@@ -608,7 +611,7 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
 
     # Refused while reminders name it; nothing changed.
     r = pgwork("channel", "retire", "old-crm", dsn=dsn)
-    assert r.returncode == 1 and "2 reminder(s), 1 live work row(s)" in r.stderr, r.stderr
+    assert r.returncode == 1 and "2 reminder(s), 2 live work row(s)" in r.stderr, r.stderr
     assert len(await rows(conn, "SELECT 1 FROM pgwork.reminder WHERE channel = 'old-crm'")) == 2
 
     # The daemon's role may not delete reminders: a clear error, nothing changed.
@@ -628,8 +631,8 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
     assert r.returncode == 0 and "deleted its 2 reminder(s)" in r.stdout, r.stderr
     assert await rows(conn, "SELECT 1 FROM pgwork.channel WHERE name = 'old-crm'") == []
     live = await rows(conn, "SELECT status FROM pgwork.renewal_work WHERE channel = 'old-crm'")
-    assert [x["status"] for x in live] == ["cancelled"], live
-    assert len(await rows(conn, "SELECT 1 FROM pgwork.reminder")) == 1  # the other channel's
+    assert [x["status"] for x in live] == ["cancelled", "cancelled"], live
+    assert len(await rows(conn, "SELECT 1 FROM pgwork.reminder")) == 2  # the log channel's
     assert pgwork("status", "--max-lag", "5m", dsn=dsn).returncode == 0
     r = pgwork("channel", "retire", "old-crm", dsn=dsn)
     assert r.returncode == 1 and "no channel named 'old-crm'" in r.stderr

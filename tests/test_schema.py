@@ -527,6 +527,7 @@ def test_every_named_statement_has_one_typed_function() -> None:
         "commit_synchronously",
         "channel_retire_hold",
         "channel_retire_cancel",
+        "channel_retire_close_work",
         "history_work_of_reminder",
         "history_work_of_key",
         "migration_requester_gone",

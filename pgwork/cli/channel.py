@@ -109,9 +109,8 @@ def _retired(name: str, use: store.ChannelUse | None, cancel: bool) -> int:
     if (use.reminders or use.live) and not cancel:
         raise CliError(
             f"channel {name} is still used: {use.reminders} reminder(s), {use.live} live work "
-            f"row(s); point those reminders at another channel (UPDATE pgwork.reminder SET "
-            f"channel = …), or pass --cancel to delete them (their unsent work is cancelled, "
-            f"never sent). Nothing was changed.",
+            f"row(s); pass --cancel to delete those reminders and cancel that work (never "
+            f"sent). Nothing was changed.",
             1,
         )
     print(

@@ -859,6 +859,14 @@ SELECT (SELECT count(*) FROM pgwork.reminder r WHERE r.channel = c.name) AS remi
 -- sent); a row in flight keeps its lease and its outcome is recorded as always.
 DELETE FROM pgwork.reminder r WHERE r.channel = %(channel)s
 
+-- name: channel_retire_close_work
+-- ... and any live work still on the channel (a reminder since moved to another channel keeps
+-- the rows made for this one): cancelled, never sent; a delivery in flight is fenced.
+UPDATE pgwork.renewal_work w
+   SET status = 'cancelled', finished_at = now(),
+       last_error = 'cancelled: its channel was retired (pgwork channel retire --cancel)'
+ WHERE w.channel = %(channel)s AND w.status IN ('ready', 'claimed')
+
 -- name: channel_retire
 DELETE FROM pgwork.channel c WHERE c.name = %(channel)s
 
