@@ -146,7 +146,7 @@ GATE_CASES: list[tuple[str, list[tuple[str, Any]], GateState, bool, bool, float]
     (
         "read held for 5 s at t=98",
         [("read@98", {"hold_s": 5.0})],
-        GateState.HELD,
+        GateState.THROTTLED,
         False,
         False,
         3.0,
@@ -154,7 +154,7 @@ GATE_CASES: list[tuple[str, list[tuple[str, Any]], GateState, bool, bool, float]
     (
         "a hold that passed lets a page claim",
         [("read@90", {"hold_s": 5.0})],
-        GateState.HELD,
+        GateState.THROTTLED,
         False,
         True,
         0.0,

@@ -378,7 +378,7 @@ class OutcomeWriter:
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
-        self._writing = 0
+        self._flushing = 0
         #: When each flush under way started (monotonic), by the batch's id.
         self._under_way: dict[int, float] = {}
 
@@ -392,7 +392,7 @@ class OutcomeWriter:
     def pending(self) -> int:
         """Outcomes not yet durable: queued, or in a flush under way."""
         return (
-            len(self._current.records) + sum(len(b.records) for b in self._waiting) + self._writing
+            len(self._current.records) + sum(len(b.records) for b in self._waiting) + self._flushing
         )
 
     def submit(self, rec: Record) -> None:
@@ -447,7 +447,7 @@ class OutcomeWriter:
                         await self._wake.wait()
                     self._wake = anyio.Event()
                     continue
-                self._writing += len(batch.records)
+                self._flushing += len(batch.records)
                 self._under_way[id(batch)] = now
                 tg.start_soon(self._flush, batch)
 
@@ -494,7 +494,7 @@ class OutcomeWriter:
             if backoff.failures and not split:
                 self.metrics.duty_restarts.labels("outcomes").inc()
         finally:
-            self._writing -= len(batch.records)
+            self._flushing -= len(batch.records)
             del self._under_way[id(batch)]
             self._wake.set()  # what waited for this flush to end goes now
         self.metrics.outcomes_pending.set(self.pending())

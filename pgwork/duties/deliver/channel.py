@@ -155,7 +155,7 @@ class ChannelRunner:
         self._attempts: dict[anyio.CancelScope, float] = {}
         #: Delivered rows whose outcome is not durable yet, and how long each delivery took: a
         #: worker adds, the outcome writer's settle takes (for the metrics and the log line).
-        self._writing: dict[store.ClaimKey, tuple[store.Claimed, float]] = {}
+        self._awaiting_outcome: dict[store.ClaimKey, tuple[store.Claimed, float]] = {}
         # Labelled metric children, looked up once.
         self._m_attempts = {
             o: metrics.attempts.labels(self.name, o)
@@ -293,7 +293,7 @@ class ChannelRunner:
                 "channel %s", "paused" if gate.paused else "resumed", extra={"channel": self.name}
             )
         if give_back and self._queue:
-            await self._give_back_queued("paused" if gate.paused else "held")
+            await self._give_back_queued("paused" if gate.paused else "throttled")
         elif changed and not gate.paused:
             for _ in range(min(len(self._queue), len(self._idle))):
                 self._idle.pop().set()
@@ -491,7 +491,7 @@ class ChannelRunner:
                 (row.id, row.lease), span, decided.ledger, outcome.http_status, decided.error
             )
         # The row stays at hand until its outcome is durable: settle counts and logs it.
-        self._writing[row.id, row.lease] = (row, elapsed)
+        self._awaiting_outcome[row.id, row.lease] = (row, elapsed)
         self.writer.submit(Record.of(row, self.name, outcome, decided, t0, t1))
         if self.capacity.delivered(elapsed):
             self.waker.wake("slot")
@@ -504,7 +504,7 @@ class ChannelRunner:
         for r in records:
             key = r.key
             self.leases.drop(key)
-            row, elapsed = self._writing.pop(key)
+            row, elapsed = self._awaiting_outcome.pop(key)
             accepted = key not in fenced
             outcome = r.outcome if accepted else "fenced"
             counted[outcome] = counted.get(outcome, 0) + 1

@@ -16,7 +16,7 @@ class GateState(enum.Enum):
     #: Deliveries start, claims and pages take rows.
     OPEN = "open"
     #: No delivery starts before ``until`` (a throttle, the circuit breaker); queued rows wait.
-    HELD = "held"
+    THROTTLED = "throttled"
     #: Nothing starts and nothing is claimed; the gate is read on every claim step.
     PAUSED = "paused"
 
@@ -43,14 +43,16 @@ class Gate:
     def allows_page_claim(self, now: float) -> bool:
         """A materialiser page may claim rows for this channel: the gate is known, open or its
         hold has passed."""
-        return self.state is GateState.OPEN or (self.state is GateState.HELD and now >= self.until)
+        return self.state is GateState.OPEN or (
+            self.state is GateState.THROTTLED and now >= self.until
+        )
 
     def hold_left(self, now: float) -> float:
         """Seconds before a delivery may start (0: now); a hold that has passed is lifted."""
         if self.until > now:
             return self.until - now
         self.until = 0.0
-        if self.state is GateState.HELD:
+        if self.state is GateState.THROTTLED:
             self.state = GateState.OPEN
         return 0.0
 
@@ -74,5 +76,5 @@ class Gate:
         if seen.paused:
             self.state = GateState.PAUSED
         else:
-            self.state = GateState.HELD if self.until else GateState.OPEN
+            self.state = GateState.THROTTLED if self.until else GateState.OPEN
         return seen.paused != was_paused, bool(seen.paused or seen.hold_s)
