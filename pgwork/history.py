@@ -5,7 +5,7 @@ attempts, and what retention kept of older ones (``pgwork reminder``, the web pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import store
@@ -42,6 +42,11 @@ class History:
             "occurrences": self.occurrences,
             "retired": self.retired,
         }
+
+
+def took_ms(took: timedelta | None) -> str | None:
+    """An attempt's duration as people read it (``12 ms``)."""
+    return None if took is None else f"{took.total_seconds() * 1000:.0f} ms"
 
 
 def state(row: dict[str, Any], now: datetime) -> str:

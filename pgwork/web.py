@@ -34,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import __version__, store
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
 from .duties import gauges
-from .history import History, reminder_history
+from .history import History, reminder_history, took_ms
 from .logs import personal_as
 
 log = logging.getLogger("pgwork.web")
@@ -535,13 +535,14 @@ class WebApp:
 
     def _redacted(self, h: History) -> dict[str, Any]:
         doc = h.as_json()
-        if self.redact != "none":
-            for part in (doc["reminder"] or {},):
-                for name in ("business_key", "recipient"):
-                    if part.get(name) is not None:
-                        part[name] = personal_as(part[name], self.redact)
-                part["payload"] = "(redacted)"
-            doc["business_key"] = personal_as(doc["business_key"], self.redact)
+        if self.redact == "none":
+            return doc
+        doc["business_key"] = personal_as(doc["business_key"], self.redact)
+        r = doc["reminder"]
+        if r is not None:
+            r["business_key"] = personal_as(r["business_key"], self.redact)
+            r["recipient"] = personal_as(r["recipient"], self.redact)
+            r["payload"] = "(redacted)"
         return doc
 
     def _history(self, h: History) -> str:
@@ -605,7 +606,7 @@ class WebApp:
                             _e(a["attempt"]),
                             _e(a["outcome"]),
                             _e(a["started_at"]),
-                            _e(_ms(a["took"])),
+                            _e(took_ms(a["took"])),
                             _e(a["http_status"]),
                             _e(a["retry_at"]),
                             _e(a["error"]),
@@ -767,10 +768,6 @@ class WebApp:
     async def _channel_known(conn: AsyncConnection[Any], name: str) -> None:
         if name not in {c.name for c in await store.channel_states(conn)}:
             raise web.HTTPNotFound(text=f"pgwork: no channel named {name!r}")
-
-
-def _ms(took: Any) -> str | None:
-    return None if took is None else f"{took.total_seconds() * 1000:.0f} ms"
 
 
 def _round(value: float | None) -> float | None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from ..config import Config
-from ..history import History, reminder_history
+from ..history import History, reminder_history, took_ms
 from .common import CliError, Database, fmt, table, to_json, with_conn
 
 
@@ -74,7 +73,7 @@ def render(h: History) -> str:
         if w["attempts_ledger"]:
             out.append(
                 table(
-                    [{**a, "took": _ms(a["took"])} for a in w["attempts_ledger"]],
+                    [{**a, "took": took_ms(a["took"])} for a in w["attempts_ledger"]],
                     [
                         "attempt",
                         "outcome",
@@ -90,7 +89,3 @@ def render(h: History) -> str:
         out += ["", "removed by retention (outcome kept, never sent again):"]
         out.append(table(h.retired, ["deadline", "occurrence", "status", "finished_at"]))
     return "\n".join(out)
-
-
-def _ms(took: timedelta | None) -> str | None:
-    return None if took is None else f"{took.total_seconds() * 1000:.0f} ms"
