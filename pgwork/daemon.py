@@ -154,7 +154,11 @@ class Daemon:
                     self.metrics.registry, self.cfg.metrics_listen
                 )
             pool = db.make_pool(
-                self.dsn, self.cfg.pool_size, self.cfg.connect_timeout, pooled=self.pooled
+                self.dsn,
+                self.cfg.pool_size,
+                self.cfg.connect_timeout,
+                pooled=self.pooled,
+                plan_once=True,
             )
             try:
                 await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)

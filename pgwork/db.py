@@ -107,11 +107,24 @@ async def connect(
     )
 
 
+#: The daemon's sessions plan each statement once: psycopg prepares it at its first execution
+#: (not its sixth) and PostgreSQL uses the generic plan at once (not after five custom ones).
+#: The claim's plan costs ~3 ms of Postgres CPU and the outcome flush's ~1 ms, so each new
+#: connection paid ~40 ms of planning in its first dozen claims and flushes, and the first
+#: deliveries after a start, each a custom plan, were that much later (bench/README.md,
+#: "Postgres CPU per delivery"). bench/plans.py shows the daemon's statements reading the
+#: same rows with their generic plans as with custom ones.
+PLAN_ONCE = {"plan_cache_mode": "force_generic_plan"}
+
+
 def make_pool(
-    dsn: str, size: int, timeout: float, *, pooled: bool = False
+    dsn: str, size: int, timeout: float, *, pooled: bool = False, plan_once: bool = False
 ) -> AsyncConnectionPool[AsyncConnection[Any]]:
+    """A pool of ``size`` sessions; ``plan_once``: the daemon's (see PLAN_ONCE). Behind
+    PgBouncer nothing is prepared (see _pooled_kwargs), so ``plan_once`` changes nothing."""
+    once = plan_once and not pooled
     return AsyncConnectionPool(
-        session_conninfo(dsn, pooled=pooled),
+        session_conninfo(dsn, PLAN_ONCE if once else None, pooled=pooled),
         # All connections stay open: a duty never waits for a new one on the hot path.
         min_size=size,
         max_size=size,
@@ -121,6 +134,7 @@ def make_pool(
             "autocommit": True,
             "connect_timeout": max(1, int(timeout)),
             **_pooled_kwargs(pooled),
+            **({"prepare_threshold": 0} if once else {}),
         },
         # No check on every checkout (a round trip per pass): a broken connection fails its pass,
         # which is retried, and the pool replaces it.

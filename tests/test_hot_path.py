@@ -881,3 +881,39 @@ def test_the_outcome_records_shape_agrees_in_its_three_spellings() -> None:
     assert m is not None
     read = {col.split()[0] for col in m.group(1).split(",")}
     assert read == sent
+
+
+async def test_the_daemons_pool_plans_each_statement_once_per_connection(dsn: str) -> None:
+    """A statement run by a session is planned anew on each of its first executions (psycopg
+    prepares it at the sixth, PostgreSQL then makes five custom plans before it weighs a generic
+    one): the claim's plan is ~3 ms of Postgres CPU, so every new connection of a daemon paid
+    ~30 ms for it, and as much again for the outcome flush. The daemon's pool prepares at the
+    first execution and uses the generic plan at once (bench/plans.py: the hot statements'
+    generic plans read what their custom plans read)."""
+    pool = db.make_pool(dsn, 1, 5, plan_once=True)
+    await pool.open(wait=True)
+    try:
+        async with pool.connection() as c:
+            for _ in range(3):
+                assert await store.claim_work(c, request()) == []
+            plans = await rows(
+                c,
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE '%%WITH handed AS%%' AND statement NOT LIKE '%%pg_prepared%%'",
+            )
+            # Its one generic plan, made once, served all three.
+            assert plans == [{"generic_plans": 3, "custom_plans": 0}]
+            (one,) = await rows(c, "SELECT current_setting('plan_cache_mode') AS mode")
+            assert one["mode"] == "force_generic_plan"
+    finally:
+        await pool.close()
+    # Other pools (the web page's, whose DLQ listing needs the custom plan) plan as PostgreSQL
+    # chooses.
+    pool = db.make_pool(dsn, 1, 5)
+    await pool.open(wait=True)
+    try:
+        async with pool.connection() as c:
+            (one,) = await rows(c, "SELECT current_setting('plan_cache_mode') AS mode")
+            assert one["mode"] == "auto"
+    finally:
+        await pool.close()
