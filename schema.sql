@@ -1,5 +1,5 @@
--- pgwork's tables: the schema, its tables, indexes, domains and the value rules the domains
--- check. This file and the files of pgwork/sql/code/ (functions, triggers, views, policies and
+-- pgwork's tables: the schema, its tables, indexes, types, domains and the value rules the
+-- domains check. This file and the files of pgwork/sql/code/ (functions, triggers, views, policies and
 -- grants, one file per concern) are a fresh install; `pgwork migrate` applies them to an empty
 -- database in one transaction under an advisory lock, and brings an older schema to the same
 -- result with the pending pgwork/sql/migrations/ (table changes only) and the same code files.
@@ -289,6 +289,37 @@ CREATE INDEX work_terminal ON pgwork.renewal_work (finished_at, id)
 CREATE INDEX work_held ON pgwork.renewal_work (channel, available_at) WHERE status = 'claimed';
 -- Dead letters: their count (a gauge) and listing cost O(dead rows), not O(retained rows).
 CREATE INDEX work_dead ON pgwork.renewal_work (channel, finished_at, id) WHERE status = 'dead';
+
+-- The row a claim hands a worker, declared once: claim_work returns it, and so does the page for
+-- the rows it inserts claimed (pgwork.as_claimed makes one from a work row); store.Claimed is
+-- checked against it when a daemon starts (db.check_schema).
+CREATE TYPE pgwork.claimed AS (
+    id             bigint,
+    reminder_id    bigint,
+    source         text,
+    business_key   text,
+    deadline       timestamptz,
+    occurrence     interval,
+    due_at         timestamptz,
+    channel        text,
+    operation_id   uuid,
+    status         text,
+    attempts       integer,
+    attempts_base  integer,
+    lease          integer,
+    retry_since    timestamptz,
+    prev_status    text,
+    recipient      text,
+    payload        text,
+    traceparent    text,
+    tracestate     text,
+    deadline_local timestamp,
+    time_zone      text
+);
+COMMENT ON TYPE pgwork.claimed IS
+    'A work row claimed (or closed instead of sent) as a worker gets it: the occurrence, its lease '
+    'and attempts, the status it had (prev_status), the reminder''s recipient and payload (as text), '
+    'and for an occurrence of a series its local deadline and zone.';
 
 CREATE TABLE pgwork.attempt (
     work_id     bigint NOT NULL,

@@ -272,6 +272,13 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
             f"the database's pgwork schema is version {v}, older than this pgwork "
             f"(version {SCHEMA_VERSION}): run `pgwork migrate`"
         )
+    fields = await store.claimed_fields(conn)
+    if fields != store.Claimed._fields:
+        raise SchemaError(
+            f"pgwork.claimed has the fields {', '.join(fields)}; this pgwork reads "
+            f"{', '.join(store.Claimed._fields)}: the type was changed by hand, or this code's "
+            "schema files disagree with pgwork/store.py"
+        )
 
 
 #: How long a migration waits for each lock it needs (an app's or a daemon's transaction holding

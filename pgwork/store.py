@@ -658,6 +658,11 @@ class Claimed(NamedTuple):
     time_zone: str | None
 
 
+async def claimed_fields(conn: Conn) -> tuple[str, ...]:
+    """The fields of pgwork.claimed, in order (what ``Claimed``'s must be)."""
+    return tuple(r["name"] for r in await _dicts(conn, "claimed_fields", {}))
+
+
 @dataclass(frozen=True)
 class ClaimRequest:
     """One channel's claim: up to ``limit`` rows the channel's gate allows."""

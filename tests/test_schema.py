@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from pgwork import SCHEMA_VERSION, db
+from pgwork import SCHEMA_VERSION, db, store
 
 from .helpers import add, rows
 
@@ -56,6 +56,20 @@ async def test_newer_schema_is_refused(conn: psycopg.AsyncConnection[Any]) -> No
         await db.migrate(conn)
 
 
+async def test_the_claimed_row_is_declared_once_and_checked_at_start(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """pgwork.claimed is the one declaration of the row a claim hands a worker: claim_work and
+    the page return it (tests/test_hot_path.py reads both through store.Claimed), and a daemon
+    starting on a database whose type disagrees with store.Claimed stops with an error that
+    names both, instead of handing its workers fields filled with the wrong values."""
+    assert await store.claimed_fields(conn) == store.Claimed._fields
+    await db.check_schema(conn)
+    await conn.execute("ALTER TYPE pgwork.claimed RENAME ATTRIBUTE recipient TO recipients")
+    with pytest.raises(db.SchemaError, match=r"recipients.*this pgwork reads.*recipient,"):
+        await db.check_schema(conn)
+
+
 async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     """pgwork's schema as the catalog describes it: columns, constraints, indexes, functions,
     triggers, views and comments."""
@@ -94,7 +108,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     return out
 
 
-@pytest.mark.parametrize("old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14])
+@pytest.mark.parametrize("old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

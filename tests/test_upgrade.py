@@ -50,7 +50,7 @@ async def test_a_running_daemon_steps_aside_for_the_next_migration(
     dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
 ) -> None:
     """A daemon of this version, delivering, is asked by the next migration (a test-only
-    schema 16) to step aside: it stops claiming, finishes what it holds, says so in one line
+    schema, one past this one) to step aside: it stops claiming, finishes what it holds, says so in one line
     and exits 75; the migration then runs. Nothing lost (every row delivered or ready, none left
     claimed), nothing sent twice, the app never waited long, no error logged anywhere."""
     waits: list[float] = []
@@ -82,7 +82,9 @@ async def test_a_running_daemon_steps_aside_for_the_next_migration(
     assert {s["status"] for s in states} <= {"delivered", "ready"}, states  # none left claimed
     made = await rows(conn, "SELECT count(*) AS n FROM pgwork.reminder")
     assert made[0]["n"] == len(waits) and sum(s["n"] for s in states) <= len(waits)
-    assert (await rows(conn, "SELECT version FROM pgwork.schema_version"))[0]["version"] == 16
+    assert (await rows(conn, "SELECT version FROM pgwork.schema_version"))[0]["version"] == (
+        SCHEMA_VERSION + 1
+    )
     assert max(waits) < 2.5, max(waits)
 
 

@@ -9,6 +9,14 @@ SELECT to_regclass('pgwork.schema_version') IS NOT NULL AS installed
 -- name: schema_version
 SELECT version FROM pgwork.schema_version
 
+-- name: claimed_fields
+-- The fields of the row a claim hands a worker (pgwork.claimed), in order: store.Claimed's.
+SELECT a.attname::text AS name
+  FROM pg_attribute a
+ WHERE a.attrelid = (SELECT t.typrelid FROM pg_type t WHERE t.oid = 'pgwork.claimed'::regtype)
+   AND a.attnum > 0 AND NOT a.attisdropped
+ ORDER BY a.attnum
+
 -- name: schema_version_set
 -- The version a migrate leaves (pgwork.SCHEMA_VERSION): written here only.
 INSERT INTO pgwork.schema_version (version) VALUES (%(version)s)
@@ -121,10 +129,12 @@ SELECT name FROM pg_timezone_names
 -- see there why that matters), and returns the page's figures on every row with the rows it
 -- inserted claimed, as claim_work returns them (none claimed: one row, claimed columns NULL).
 -- No row: another materialiser holds the lock.
-SELECT * FROM pgwork.materialise_page(
+SELECT p.cutoff, p.scanned, p.made, p.made_due, p.skipped, p.notified, p.earliest_made,
+       p.last_at, p.last_id, p.unfinished, (p.claimed).*
+  FROM pgwork.materialise_page(
     %(coordinate)s::boolean, %(cutoff)s::timestamptz, %(lookahead)s::interval,
     %(after_at)s::timestamptz, %(after_id)s::bigint, %(limit)s::integer, %(origin)s::text,
-    %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text, %(aside)s::bigint[])
+    %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text, %(aside)s::bigint[]) AS p
 
 -- name: next_due_reminder
 -- The reminder a page from this cursor would take first (not one set aside): what a page that
@@ -474,11 +484,10 @@ WITH handed AS MATERIALIZED (
                                          %(expire_after)s::interval) END
       FROM judged j
      WHERE w.id = j.id
-    RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
-              w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
-              coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
-              w.traceparent, w.tracestate, j.prev_status, j.prev_lease, j.prev_attempts, j.prev_claimed_at, j.prev_claimed_by,
-              j.recipient, j.payload, w.deadline_local, CASE WHEN w.deadline_local IS NOT NULL THEN j.due_tz END AS time_zone
+    -- The row a worker gets (pgwork.claimed). pgwork.as_claimed is inlined and its fields taken
+    -- from the row as the plan has it: nothing is built per row that the old column list did not
+    -- (test_hot_path.py::test_the_claim_builds_no_claimed_row_per_field).
+    RETURNING (pgwork.as_claimed(w, j.prev_status, j.recipient, j.payload, j.due_tz)).*
 ), spent AS (
     -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
     UPDATE pgwork.channel c
@@ -488,17 +497,16 @@ WITH handed AS MATERIALIZED (
 ), expired AS (
     INSERT INTO pgwork.attempt
            (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome, error_class, error)
-    SELECT u.id, u.prev_lease, u.prev_attempts, u.prev_claimed_by, coalesce(d.host, 'unknown'),
-           coalesce(d.pid, 0), u.prev_claimed_at, now(), 'lease_expired', 'LeaseExpired',
+    SELECT u.id, j.prev_lease, j.prev_attempts, j.prev_claimed_by, coalesce(d.host, 'unknown'),
+           coalesce(d.pid, 0), j.prev_claimed_at, now(), 'lease_expired', 'LeaseExpired',
            'the worker holding the lease did not report before it expired'
       FROM updated u
-      LEFT JOIN pgwork.daemon d ON d.id = u.prev_claimed_by
+      JOIN judged j ON j.id = u.id
+      LEFT JOIN pgwork.daemon d ON d.id = j.prev_claimed_by
      WHERE u.prev_status = 'claimed'
         ON CONFLICT (work_id, lease) DO NOTHING
 )
-SELECT u.id, u.reminder_id, u.source, u.business_key, u.deadline, u.occurrence, u.due_at,
-       u.channel, u.operation_id, u.status, u.attempts, u.attempts_base, u.lease, u.retry_since,
-       u.prev_status, u.recipient, u.payload, u.traceparent, u.tracestate, u.deadline_local, u.time_zone
+SELECT u.*
   FROM (SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)) AS commit_mode,
        updated u
  ORDER BY u.due_at, u.id

@@ -37,8 +37,8 @@
 --    A series makes at most its share of the page (pgwork.materialise_series): unfinished
 --    counts those whose progress the page left short of the cutoff, for the next pass.
 --    It returns the page's figures on every row, with the rows it inserted claimed, one per
---    row, as claim_work returns them (a page that claimed none returns one row whose claimed
---    columns are NULL).
+--    row, as claim_work returns them (pgwork.claimed; a page that claimed none returns one row
+--    whose claimed is NULL).
 --
 -- The page commits without waiting for the WAL flush: one lost in a crash is redone by the next
 -- pass (the progress is in the same transaction), and work due now reaches a worker one disk
@@ -53,11 +53,7 @@ CREATE OR REPLACE FUNCTION pgwork.materialise_page(
 RETURNS TABLE (
     cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
     notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
-    unfinished bigint, id bigint, reminder_id bigint, source text, business_key text, deadline timestamptz,
-    occurrence interval, due_at timestamptz, channel text, operation_id uuid, status text,
-    attempts integer, attempts_base integer, lease integer, retry_since timestamptz,
-    prev_status text, recipient text, payload text, traceparent text, tracestate text,
-    deadline_local timestamp, time_zone text)
+    unfinished bigint, claimed pgwork.claimed)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -175,10 +171,8 @@ BEGIN
                finished_at = excluded.finished_at, last_error = excluded.last_error,
                traceparent = excluded.traceparent, tracestate = excluded.tracestate
          WHERE w.status = 'superseded'
-        RETURNING w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at,
-                  w.channel, w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
-                  coalesce(w.redriven_at, greatest(w.due_at, w.created_at)) AS retry_since,
-                  w.traceparent, w.tracestate
+        -- The whole row only for those claimed here (pgwork.as_claimed below).
+        RETURNING w.id, w.reminder_id, w.status, w.due_at, CASE WHEN w.status = 'claimed' THEN w END AS work
     ), nxt AS (
         SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
           FROM occ o
@@ -210,19 +204,13 @@ BEGIN
           LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
     ), claimed AS (
         -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
-        SELECT m.id, m.reminder_id, m.source, m.business_key, m.deadline, m.occurrence, m.due_at,
-               m.channel, m.operation_id, m.status, m.attempts, m.attempts_base, m.lease, m.retry_since,
-               'ready'::text AS prev_status, r.recipient, r.payload::text AS payload, m.traceparent, m.tracestate,
-               NULL::timestamp AS deadline_local, NULL::text AS time_zone
+        SELECT pgwork.as_claimed(m.work, 'ready', r.recipient, r.payload::text, NULL) AS claimed, m.due_at, m.id
           FROM made m
           JOIN pgwork.reminder r ON r.id = m.reminder_id
          WHERE m.status = 'claimed'
     )
     SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
-           f.last_at, f.last_id, f.unfinished,
-           c.id, c.reminder_id, c.source, c.business_key, c.deadline, c.occurrence, c.due_at,
-           c.channel, c.operation_id, c.status, c.attempts, c.attempts_base, c.lease, c.retry_since,
-           c.prev_status, c.recipient, c.payload, c.traceparent, c.tracestate, c.deadline_local, c.time_zone
+           f.last_at, f.last_id, f.unfinished, c.claimed
       FROM figures f
       LEFT JOIN claimed c ON true
      ORDER BY c.due_at, c.id;

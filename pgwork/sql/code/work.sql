@@ -119,3 +119,19 @@ RETURN CASE WHEN deadline_local IS NULL
        END;
 COMMENT ON FUNCTION pgwork.work_unwanted(bigint, timestamptz, interval[], jsonb, timestamp, boolean, timestamp[], timestamp, integer, timestamptz, timestamp, interval, integer) IS
     'Why a work row''s occurrence is no longer wanted (cancelled, superseded), or NULL while it is.';
+
+CREATE OR REPLACE FUNCTION pgwork.as_claimed(w pgwork.renewal_work, prev_status text, recipient text, payload text,
+                                             time_zone text)
+RETURNS pgwork.claimed LANGUAGE sql IMMUTABLE PARALLEL SAFE
+-- The row a worker gets (pgwork.claimed) from a work row as a claim left it (claim_work) or a page
+-- made it claimed (pgwork.materialise_page): the status it had before, and the reminder's
+-- recipient, payload and, for a series, zone, as the statement read them. Retries count from the
+-- last redrive, or from the occurrence's due time (never before the row was made).
+RETURN ROW(w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at, w.channel,
+           w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+           coalesce(w.redriven_at, greatest(w.due_at, w.created_at)),
+           prev_status, recipient, payload, w.traceparent, w.tracestate, w.deadline_local,
+           CASE WHEN w.deadline_local IS NOT NULL THEN time_zone END)::pgwork.claimed;
+COMMENT ON FUNCTION pgwork.as_claimed(pgwork.renewal_work, text, text, text, text) IS
+    'A work row as a worker gets it (pgwork.claimed), with the status it had and its reminder''s recipient, payload and zone.';
+REVOKE EXECUTE ON FUNCTION pgwork.as_claimed FROM PUBLIC;
