@@ -321,6 +321,31 @@ COMMENT ON TYPE pgwork.claimed IS
     'and attempts, the status it had (prev_status), the reminder''s recipient and payload (as text), '
     'and for an occurrence of a series its local deadline and zone.';
 
+-- An attempt's outcome as the daemon sends it (a JSON array of these objects: json.dumps costs the
+-- daemon far less than fifteen parameter arrays), declared once: record_outcomes reads the array
+-- as rows of it, and a daemon starting checks the keys its records carry against it
+-- (duties/outcomes.py, check_shape). Times are seconds before the statement, by the daemon's
+-- clock; the statement turns them into this database's.
+CREATE TYPE pgwork.outcome AS (
+    work_id      bigint,
+    lease        integer,           -- the lease the attempt claimed: a passed-on one is fenced
+    attempt      integer,
+    channel      text,
+    outcome      text,              -- delivered, duplicate, retry, failed
+    status       text,              -- what the row becomes: delivered, ready (a retry), dead
+    started_ago  double precision,
+    finished_ago double precision,
+    retry_after  double precision,  -- seconds until the retry
+    http_status  integer,
+    error_class  text,
+    error        text,
+    receipt      jsonb,
+    throttle     double precision,  -- seconds to hold the channel (a throttling answer)
+    pause        text               -- why to pause the channel (e.g. HTTP 410)
+);
+COMMENT ON TYPE pgwork.outcome IS
+    'An attempt''s outcome as a daemon sends it to record_outcomes (a JSON array of these objects).';
+
 CREATE TABLE pgwork.attempt (
     work_id     bigint NOT NULL,
     lease       integer NOT NULL,

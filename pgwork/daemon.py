@@ -30,7 +30,7 @@ from .duties.gauges import Gauges
 from .duties.leases import Heartbeat, Leases
 from .duties.listener import Listener
 from .duties.materialise import Materialiser, warm_pages
-from .duties.outcomes import OutcomeWriter
+from .duties.outcomes import OutcomeWriter, check_shape
 from .duties.retention import RetentionDuty
 from .metrics import Metrics, serve_metrics
 from .secrets import Secrets
@@ -162,6 +162,8 @@ class Daemon:
             )
             try:
                 await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
+                async with pool.connection() as conn:
+                    await check_shape(conn)  # the outcome records against pgwork.outcome
                 if not self.pooled:  # behind PgBouncer, a session is not a server connection
                     await warm_pages(pool, self.cfg.pool_size)
                 await self._run(pool, channels, task_status)

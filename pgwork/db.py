@@ -272,7 +272,7 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
             f"the database's pgwork schema is version {v}, older than this pgwork "
             f"(version {SCHEMA_VERSION}): run `pgwork migrate`"
         )
-    fields = await store.claimed_fields(conn)
+    fields = await store.type_fields(conn, "pgwork.claimed")
     if fields != store.Claimed._fields:
         raise SchemaError(
             f"pgwork.claimed has the fields {', '.join(fields)}; this pgwork reads "

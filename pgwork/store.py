@@ -658,9 +658,10 @@ class Claimed(NamedTuple):
     time_zone: str | None
 
 
-async def claimed_fields(conn: Conn) -> tuple[str, ...]:
-    """The fields of pgwork.claimed, in order (what ``Claimed``'s must be)."""
-    return tuple(r["name"] for r in await _dicts(conn, "claimed_fields", {}))
+async def type_fields(conn: Conn, name: str) -> tuple[str, ...]:
+    """The fields of the composite type ``name``, in order: pgwork.claimed (what ``Claimed``'s
+    must be) and pgwork.outcome (what ``duties.outcomes.Record.json_text`` writes)."""
+    return tuple(r["name"] for r in await _dicts(conn, "type_fields", {"type": name}))
 
 
 @dataclass(frozen=True)

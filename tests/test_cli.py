@@ -270,6 +270,18 @@ def test_only_run_needs_the_channels_secrets(tmp_path: Path, dsn: str) -> None:
     assert r.returncode == 2 and "environment variable CRM_TOKEN is not set" in r.stderr, r.stderr
 
 
+async def test_run_refuses_a_schema_whose_outcome_record_disagrees(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A daemon whose outcome records carry a key pgwork.outcome does not declare (a type
+    changed by hand, or code and schema files out of step) would have every throttle or error
+    it sends dropped to NULL by record_outcomes: it does not start, naming the difference."""
+    await conn.execute("ALTER TYPE pgwork.outcome RENAME ATTRIBUTE throttle TO throttle_s")
+    r = pgwork("run", dsn=dsn)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "pgwork.outcome declares throttle_s and not throttle" in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize(("part", "said"), [("dbname", "database"), ("user", "role")])
 def test_run_fails_fast_when_the_database_says_no_for_good(dsn: str, part: str, said: str) -> None:
     """A DSN naming a database (or role) that does not exist made `pgwork run` retry for ever

@@ -15,6 +15,7 @@ import pytest
 from psycopg import errors
 
 from pgwork import SCHEMA_VERSION, db, store
+from pgwork.duties import outcomes
 
 from .helpers import add, rows
 
@@ -63,11 +64,24 @@ async def test_the_claimed_row_is_declared_once_and_checked_at_start(
     the page return it (tests/test_hot_path.py reads both through store.Claimed), and a daemon
     starting on a database whose type disagrees with store.Claimed stops with an error that
     names both, instead of handing its workers fields filled with the wrong values."""
-    assert await store.claimed_fields(conn) == store.Claimed._fields
+    assert await store.type_fields(conn, "pgwork.claimed") == store.Claimed._fields
     await db.check_schema(conn)
     await conn.execute("ALTER TYPE pgwork.claimed RENAME ATTRIBUTE recipient TO recipients")
     with pytest.raises(db.SchemaError, match=r"recipients.*this pgwork reads.*recipient,"):
         await db.check_schema(conn)
+
+
+async def test_the_outcome_record_is_declared_once_and_checked_at_start(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """pgwork.outcome is the one declaration of an outcome record as record_outcomes reads it
+    (its JSON array as rows of the type); the keys the daemon's records carry are checked
+    against it when a daemon starts (tests/test_cli.py: exit 2): a key the statement would
+    silently drop, a NULL where a value was sent, is named."""
+    await outcomes.check_shape(conn)
+    await conn.execute("ALTER TYPE pgwork.outcome RENAME ATTRIBUTE throttle TO throttle_s")
+    with pytest.raises(db.SchemaError, match="declares throttle_s and not throttle than"):
+        await outcomes.check_shape(conn)
 
 
 async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:

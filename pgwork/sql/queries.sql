@@ -9,11 +9,12 @@ SELECT to_regclass('pgwork.schema_version') IS NOT NULL AS installed
 -- name: schema_version
 SELECT version FROM pgwork.schema_version
 
--- name: claimed_fields
--- The fields of the row a claim hands a worker (pgwork.claimed), in order: store.Claimed's.
+-- name: type_fields
+-- The fields of one of pgwork's composite types, in order: pgwork.claimed (store.Claimed's) and
+-- pgwork.outcome (the keys of an outcome record's JSON).
 SELECT a.attname::text AS name
   FROM pg_attribute a
- WHERE a.attrelid = (SELECT t.typrelid FROM pg_type t WHERE t.oid = 'pgwork.claimed'::regtype)
+ WHERE a.attrelid = (SELECT t.typrelid FROM pg_type t WHERE t.oid = %(type)s::regtype)
    AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY a.attnum
 
@@ -536,8 +537,7 @@ SELECT extract(epoch FROM least(
   LEFT JOIN pgwork.channel c ON c.name = %(channel)s
 
 -- name: record_outcomes
--- Record a batch of attempt outcomes in one statement (a JSON array of records: json.dumps is far
--- cheaper for the daemon than twelve parameter arrays). Every record names the lease it claimed,
+-- Record a batch of attempt outcomes in one statement (a JSON array of pgwork.outcome records). Every record names the lease it claimed,
 -- and everything is matched on (work id, lease): a row whose lease passed to another worker is
 -- left alone and the ledger says so, even when two leases of one row are in the same batch.
 -- Times come from this database's clock: the daemon sends how many seconds ago the attempt
@@ -545,10 +545,7 @@ SELECT extract(epoch FROM least(
 -- an earlier run of this same write whose commit reply was lost (already = true).
 WITH o AS (
     SELECT *
-      FROM jsonb_to_recordset(%(outcomes)s::jsonb)
-        AS o(work_id bigint, lease int, attempt int, channel text, outcome text, status text,
-             retry_after float8, started_ago float8, finished_ago float8, http_status int,
-             error_class text, error text, receipt jsonb, throttle float8, pause text)
+      FROM jsonb_populate_recordset(NULL::pgwork.outcome, %(outcomes)s::jsonb) AS o
 ), done AS (
     -- No row lock taken first (it cost a WAL record and ~6 us of Postgres per job): the UPDATE
     -- locks its rows in whatever order its plan reads them, and the heartbeat (extend_leases)

@@ -8,6 +8,8 @@
 --     one column of it, so its result changes: the old function is dropped here and the code
 --     file makes the new one in the same transaction (IF EXISTS: an upgrade from before 14
 --     has none of this signature here, its steps carrying no code).
+--   * pgwork.outcome, an attempt's outcome as the daemon sends it, declared once: record_outcomes
+--     reads its JSON array as rows of it.
 -- No table is changed; nothing an app runs waits on this step (a running daemon of schema 15
 -- steps aside first: docs/operations.md, "Upgrades").
 
@@ -38,6 +40,31 @@ COMMENT ON TYPE pgwork.claimed IS
     'A work row claimed (or closed instead of sent) as a worker gets it: the occurrence, its lease '
     'and attempts, the status it had (prev_status), the reminder''s recipient and payload (as text), '
     'and for an occurrence of a series its local deadline and zone.';
+
+-- An attempt's outcome as the daemon sends it (a JSON array of these objects: json.dumps costs the
+-- daemon far less than fifteen parameter arrays), declared once: record_outcomes reads the array
+-- as rows of it, and a daemon starting checks the keys its records carry against it
+-- (duties/outcomes.py, check_shape). Times are seconds before the statement, by the daemon's
+-- clock; the statement turns them into this database's.
+CREATE TYPE pgwork.outcome AS (
+    work_id      bigint,
+    lease        integer,           -- the lease the attempt claimed: a passed-on one is fenced
+    attempt      integer,
+    channel      text,
+    outcome      text,              -- delivered, duplicate, retry, failed
+    status       text,              -- what the row becomes: delivered, ready (a retry), dead
+    started_ago  double precision,
+    finished_ago double precision,
+    retry_after  double precision,  -- seconds until the retry
+    http_status  integer,
+    error_class  text,
+    error        text,
+    receipt      jsonb,
+    throttle     double precision,  -- seconds to hold the channel (a throttling answer)
+    pause        text               -- why to pause the channel (e.g. HTTP 410)
+);
+COMMENT ON TYPE pgwork.outcome IS
+    'An attempt''s outcome as a daemon sends it to record_outcomes (a JSON array of these objects).';
 
 -- Its only client is the daemon, whose code of this version calls the new one; those of schema 15
 -- step aside before this runs (the migration handshake).
