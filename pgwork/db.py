@@ -111,9 +111,10 @@ async def connect(
 #: (not its sixth) and PostgreSQL uses the generic plan at once (not after five custom ones).
 #: The claim's plan costs ~3 ms of Postgres CPU and the outcome flush's ~1 ms, so each new
 #: connection paid ~40 ms of planning in its first dozen claims and flushes, and the first
-#: deliveries after a start, each a custom plan, were that much later (bench/README.md,
-#: "Postgres CPU per delivery"). bench/plans.py shows the daemon's statements reading the
-#: same rows with their generic plans as with custom ones.
+#: deliveries after a start, each a custom plan, were that much later
+#: (tests/test_hot_path.py::test_the_daemons_pool_plans_each_statement_once_per_connection).
+#: bench/plans.py shows the daemon's statements reading the same rows with their generic plans
+#: as with custom ones.
 PLAN_ONCE = {"plan_cache_mode": "force_generic_plan"}
 
 

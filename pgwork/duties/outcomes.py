@@ -495,7 +495,8 @@ class OutcomeWriter:
 
     async def _watch_stalls(self) -> None:
         """While records wait behind flushes under way, wake the flush loop four times per
-        ``STALLED_AFTER``: records waiting behind a stalled flush go within 1.25 of it."""
+        ``STALLED_AFTER``: records waiting behind a stalled flush go within 1.25 ``STALLED_AFTER``
+        of its start."""
         while True:
             await anyio.sleep(self.STALLED_AFTER / 4)
             if self._under_way and self.pending() > self._flushing:
