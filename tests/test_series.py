@@ -385,8 +385,9 @@ async def test_retention_prunes_a_series_tombstone_once_its_deadline_cannot_come
     tombs = await rows(conn, "SELECT deadline_local FROM pgwork.retired")
     assert len([t for t in tombs if t["deadline_local"] is not None]) > 1
     assert len([t for t in tombs if t["deadline_local"] is None]) == 1
-    # Time passes: every deadline is now more than two days past.
-    await conn.execute("UPDATE pgwork.retired SET deadline = deadline - interval '10 days'")
+    # Time passes: every deadline is now more than two days past (the latest was made eight days
+    # ahead at 09:00: ten days back left it short of two days past before 09:00 UTC).
+    await conn.execute("UPDATE pgwork.retired SET deadline = deadline - interval '20 days'")
     await clean(dsn, keep=30 * 86400.0)
     left = await rows(conn, "SELECT deadline_local FROM pgwork.retired")
     assert [t["deadline_local"] for t in left] == [None]

@@ -134,4 +134,3 @@ RETURN ROW(w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurren
            CASE WHEN w.deadline_local IS NOT NULL THEN time_zone END)::pgwork.claimed;
 COMMENT ON FUNCTION pgwork.as_claimed(pgwork.renewal_work, text, text, text, text) IS
     'A work row as a worker gets it (pgwork.claimed), with the status it had and its reminder''s recipient, payload and zone.';
-REVOKE EXECUTE ON FUNCTION pgwork.as_claimed FROM PUBLIC;
