@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -155,6 +155,40 @@ async def test_move_after_materialisation_supersedes_then_back_revives(
         (old["operation_id"], "ready"),
         (w[1]["operation_id"], "superseded"),
     ]
+
+
+@pytest.mark.parametrize("kind", ["one-off", "series"])
+async def test_an_apps_channel_edit_moves_the_unsent_work_to_the_new_channel(
+    dsn: str, conn: psycopg.AsyncConnection[Any], kind: str
+) -> None:
+    """An app that changes a reminder's channel means the new one: its made and unsent work rows
+    are closed by the edit and made again on the new channel by the next page (with the same
+    operation id, so a receiver that saw the old channel's send can tell). They stayed on the
+    old channel: sent there, or waiting for ever if no daemon serves it. What was sent stays."""
+    if kind == "one-off":
+        await add(conn, "k", "now() + interval '1 minute'", before="{1 hour, 0}")
+    else:
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
+            "VALUES ('test', 'k', date_trunc('second', now() AT TIME ZONE 'UTC') + interval '1 minute', "
+            "'UTC', 'FREQ=DAILY', 'test', 'r')"
+        )
+    await materialise(dsn, cutoff=datetime.now(UTC) + timedelta(hours=36))
+    before = await work(conn)
+    assert before and {w["channel"] for w in before} == {"test"}
+    # The first is sent on the old channel before the edit.
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() WHERE id = %s",
+        (before[0]["id"],),
+    )
+    await conn.execute("UPDATE pgwork.reminder SET channel = 'log'")
+    await materialise(dsn, cutoff=datetime.now(UTC) + timedelta(hours=36))
+    after = {w["operation_id"]: (w["channel"], w["status"]) for w in await work(conn)}
+    assert after[before[0]["operation_id"]] == ("test", "delivered")
+    for w in before[1:]:
+        assert after[w["operation_id"]] == ("log", "ready"), w
+    live = [v for v in after.values() if v[1] == "ready"]
+    assert live and all(ch == "log" for ch, _ in live)
 
 
 async def test_moving_a_local_deadline_supersedes_its_unsent_work_at_once(

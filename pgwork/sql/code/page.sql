@@ -197,8 +197,9 @@ BEGIN
           FROM todo o
          WHERE (SELECT count(*) FROM made) < (SELECT count(*) FROM todo)
     ), revived AS (
-        -- They are made again, ready (never claimed here), keeping their lease and attempts; a
-        -- series' keeps a retry time it waits for, and takes its deadline's instant now. By ctid,
+        -- They are made again, ready (never claimed here), on the reminder's channel now, keeping
+        -- their lease and attempts; a series' keeps a retry time it waits for, and takes its
+        -- deadline's instant now. By ctid,
         -- as a list: a join would let the planner scan the table.
         UPDATE pgwork.renewal_work w
            SET status = CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
@@ -206,7 +207,7 @@ BEGIN
                                    THEN greatest(w.available_at, o.fire_at) ELSE o.fire_at END,
                finished_at = CASE WHEN o.skip THEN now() END, last_error = o.reason,
                traceparent = o.traceparent, tracestate = o.tracestate,
-               deadline = o.deadline,
+               deadline = o.deadline, channel = o.channel,
                due_at = CASE WHEN o.deadline_local IS NULL THEN w.due_at ELSE o.fire_at END,
                recur_version = CASE WHEN o.deadline_local IS NULL THEN w.recur_version ELSE o.recur_version END
           FROM stale o

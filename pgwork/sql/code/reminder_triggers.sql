@@ -105,8 +105,11 @@ BEGIN
 
     -- (Re)plan: every occurrence of the current schedule is due for materialisation again; ones
     -- already made for this deadline are kept by ON CONFLICT, ones retention retired by their
-    -- tombstones. Ranges and counts are CHECK constraints (cheaper than checking here).
+    -- tombstones. Ranges and counts are CHECK constraints (cheaper than checking here). A new
+    -- channel re-plans too: the unsent rows on the old one are closed (below) and made again on
+    -- the new one.
     IF TG_OP = 'INSERT' OR NEW.due_at IS DISTINCT FROM OLD.due_at OR NEW.remind_before IS DISTINCT FROM OLD.remind_before
+       OR NEW.channel IS DISTINCT FROM OLD.channel
        OR (NEW.recur IS NOT NULL OR OLD.recur IS NOT NULL)
           AND (NEW.recur IS DISTINCT FROM OLD.recur OR NEW.due_local IS DISTINCT FROM OLD.due_local
                OR NEW.due_tz IS DISTINCT FROM OLD.due_tz OR NEW.recur_until IS DISTINCT FROM OLD.recur_until
@@ -201,7 +204,8 @@ BEGIN
         UPDATE pgwork.renewal_work
            SET status = 'superseded', finished_at = now()
          WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
-           AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL);
+           AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL
+                OR channel <> NEW.channel);
     ELSE
         -- A new zone moves the instants of the series' local deadlines. Its occurrences made and
         -- never tried (ready, or closed unsent) that move are removed: the next page makes each
@@ -215,12 +219,14 @@ BEGIN
                AND coalesce(w.status, '') IN ('ready', 'superseded', 'expired') AND w.attempts = 0
                AND w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz);
         END IF;
-        -- Unsent occurrences the series no longer has, and those it moves that were tried
-        -- (waiting for a retry: they keep their instant, as that send), are superseded.
+        -- Unsent occurrences the series no longer has, those it moves that were tried (waiting
+        -- for a retry: they keep their instant, as that send), and those of another channel are
+        -- superseded.
         UPDATE pgwork.renewal_work w
            SET status = 'superseded', finished_at = now()
          WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
            AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
+                OR w.channel <> NEW.channel
                 OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
                                           NEW.recur_until, NEW.remind_before, NEW.recur_version,
                                           w.deadline_local, w.occurrence, NULL) IS NOT NULL);
@@ -229,9 +235,10 @@ BEGIN
 END
 $$;
 CREATE OR REPLACE TRIGGER reminder_after_reschedule
-    AFTER UPDATE OF due_at, remind_before, due_local, due_tz, recur, recur_until, recur_skip, paused
+    AFTER UPDATE OF due_at, remind_before, due_local, due_tz, recur, recur_until, recur_skip, paused, channel
     ON pgwork.reminder FOR EACH ROW
     WHEN (OLD.due_at IS DISTINCT FROM NEW.due_at OR OLD.remind_before IS DISTINCT FROM NEW.remind_before
+          OR OLD.channel IS DISTINCT FROM NEW.channel
           OR OLD.recur_version IS DISTINCT FROM NEW.recur_version
           OR (OLD.recur_rule IS NULL) <> (NEW.recur_rule IS NULL))
     EXECUTE FUNCTION pgwork.reminder_after_reschedule();
@@ -262,7 +269,7 @@ BEGIN
 END
 $$;
 CREATE OR REPLACE TRIGGER reminder_notify
-    AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before, recur, recur_until, recur_skip, paused
+    AFTER INSERT OR UPDATE OF due_at, due_local, due_tz, remind_before, recur, recur_until, recur_skip, paused, channel
     ON pgwork.reminder
     FOR EACH ROW WHEN (coalesce(NEW.next_fire_at, NEW.due_at) <= now() + interval '1 hour')
     EXECUTE FUNCTION pgwork.reminder_notify();
