@@ -612,7 +612,7 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
     await add(conn, "other", "now() + interval '1 day'", channel="log")
     await add(conn, "moved", "now() - interval '1 hour'", channel="old-crm")
     await materialise(dsn)
-    # A reminder moved to another channel keeps the row made for this one.
+    # A reminder moved to another channel takes its unsent work along: its row here is closed.
     await conn.execute("UPDATE pgwork.reminder SET channel = 'log' WHERE business_key = 'moved'")
     await conn.execute(
         "SELECT pgwork.pause_channel('old-crm', 'HTTP 410 from https://old.example/hook', 'pgwork')"
@@ -623,7 +623,7 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
 
     # Refused while reminders name it; nothing changed.
     r = pgwork("channel", "retire", "old-crm", dsn=dsn)
-    assert r.returncode == 1 and "2 reminder(s), 2 live work row(s)" in r.stderr, r.stderr
+    assert r.returncode == 1 and "2 reminder(s), 1 live work row(s)" in r.stderr, r.stderr
     assert len(await rows(conn, "SELECT 1 FROM pgwork.reminder WHERE channel = 'old-crm'")) == 2
 
     # The daemon's role may not delete reminders: a clear error, nothing changed.
@@ -642,9 +642,21 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
     r = pgwork("channel", "retire", "old-crm", "--cancel", dsn=dsn)
     assert r.returncode == 0 and "deleted its 2 reminder(s)" in r.stdout, r.stderr
     assert await rows(conn, "SELECT 1 FROM pgwork.channel WHERE name = 'old-crm'") == []
-    live = await rows(conn, "SELECT status FROM pgwork.renewal_work WHERE channel = 'old-crm'")
-    assert [x["status"] for x in live] == ["cancelled", "cancelled"], live
+    live = await rows(
+        conn, "SELECT status FROM pgwork.renewal_work WHERE channel = 'old-crm' ORDER BY status"
+    )
+    assert [x["status"] for x in live] == ["cancelled", "superseded"], live
     assert len(await rows(conn, "SELECT 1 FROM pgwork.reminder")) == 2  # the log channel's
+    # The moved reminder's work is made again on its channel; once sent there, nothing is late.
+    await materialise(dsn)
+    moved = await rows(
+        conn,
+        "SELECT channel FROM pgwork.renewal_work WHERE business_key = 'moved' AND status = 'ready'",
+    )
+    assert [m["channel"] for m in moved] == ["log"], moved
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() WHERE status = 'ready'"
+    )
     assert pgwork("status", "--max-lag", "5m", dsn=dsn).returncode == 0
     r = pgwork("channel", "retire", "old-crm", dsn=dsn)
     assert r.returncode == 1 and "no channel named 'old-crm'" in r.stderr
