@@ -199,8 +199,7 @@ BEGIN
     ), revived AS (
         -- They are made again, ready (never claimed here), on the reminder's channel now, keeping
         -- their lease and attempts; a series' keeps a retry time it waits for, and takes its
-        -- deadline's instant now. By ctid,
-        -- as a list: a join would let the planner scan the table.
+        -- deadline's instant now. By ctid, as a list: a join would let the planner scan the table.
         UPDATE pgwork.renewal_work w
            SET status = CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
                available_at = CASE WHEN o.deadline_local IS NOT NULL AND w.attempts > 0 AND NOT o.skip
