@@ -537,9 +537,10 @@ SELECT extract(epoch FROM least(
   LEFT JOIN pgwork.channel c ON c.name = %(channel)s
 
 -- name: record_outcomes
--- Record a batch of attempt outcomes in one statement (a JSON array of pgwork.outcome records). Every record names the lease it claimed,
--- and everything is matched on (work id, lease): a row whose lease passed to another worker is
--- left alone and the ledger says so, even when two leases of one row are in the same batch.
+-- Record a batch of attempt outcomes in one statement (a JSON array of pgwork.outcome records).
+-- Every record names the lease it claimed, and everything is matched on (work id, lease): a row
+-- whose lease passed to another worker is left alone and the ledger says so, even when two
+-- leases of one row are in the same batch.
 -- Times come from this database's clock: the daemon sends how many seconds ago the attempt
 -- started and finished. Returns only the records not applied now: fenced, or already applied by
 -- an earlier run of this same write whose commit reply was lost (already = true).
