@@ -94,40 +94,6 @@ async def test_a_reminder_due_now_is_claimed_by_the_page_that_makes_it(
         assert [(n.channel, n.payload) for n in told] == [("pgwork_work", "d1")]
 
 
-async def test_a_series_occurrence_due_now_is_claimed_by_the_page_that_makes_it(
-    dsn: str, conn: psycopg.AsyncConnection[Any]
-) -> None:
-    """One work-row maker for one-offs and series (issue 39): a series' occurrence due now is
-    handed over by the page as a one-off's is, with its local deadline and zone; its next
-    deadline is made ready. (It was made ready and claimed by the next claim, one hop later.)"""
-    await conn.execute(
-        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, recipient) "
-        "VALUES ('app', 'rent', date_trunc('second', now() AT TIME ZONE 'Europe/Berlin') "
-        "+ interval '2 seconds', 'Europe/Berlin', 'FREQ=DAILY', 'test', 'r')"
-    )
-    await add(conn, "now")
-    await anyio.sleep(2.5)  # its first deadline comes (one before the series' start is history)
-    c = Claimer(request(daemon_id="d1"))
-    async with await db.connect(dsn) as daemon:
-        res = await materialiser.run_once(
-            daemon, lookahead=36 * 3600, page_size=100, claimers=[c], origin="d1"
-        )
-    assert res is not None and res.made == 3  # the one-off, and two days of the series
-    (got,) = c.got
-    assert got is not None
-    by_key = {r.business_key: r for r in got}
-    assert set(by_key) == {"now", "rent"}
-    rent = by_key["rent"]
-    assert rent.status == "claimed" and rent.lease == 1 and rent.attempts == 1
-    assert rent.time_zone == "Europe/Berlin" and rent.deadline_local is not None
-    assert by_key["now"].time_zone is None and by_key["now"].deadline_local is None
-    made = await rows(
-        conn,
-        "SELECT status, claimed_by FROM pgwork.renewal_work WHERE business_key = 'rent' ORDER BY due_at",
-    )
-    assert [(m["status"], m["claimed_by"]) for m in made] == [("claimed", "d1"), ("ready", None)]
-
-
 async def test_a_page_that_claimed_all_it_made_tells_no_other_daemon(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

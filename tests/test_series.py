@@ -213,16 +213,19 @@ async def test_edits_never_resend_and_supersede_what_left_the_series(
     await materialise(dsn, cutoff=horizon)
     assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
     # Another zone: the same local deadlines, the same keys; unsent ones move with the zone (made
-    # again at their new instant), the one the series no longer has is gone.
+    # again at their new instant), the one the series no longer has is gone. West of UTC, without
+    # summer time: an hour later at any time of year, so the first deadline is still ahead at any
+    # hour the test runs (with Berlin, an hour earlier, it was past between 08:00 and 09:00 UTC and
+    # the status view below showed the second).
     before = await made(conn)
-    await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/Berlin'")
+    await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Etc/GMT+1'")
     await materialise(dsn, cutoff=horizon)
     after = await made(conn)
     assert [r["operation_id"] for r in after] == [
         before[0]["operation_id"],
         before[2]["operation_id"],
     ]
-    assert after[1]["deadline"] == before[2]["deadline"] - dt.timedelta(hours=1)
+    assert after[1]["deadline"] == before[2]["deadline"] + dt.timedelta(hours=1)
     assert after[0]["deadline"] == before[0]["deadline"]  # sent: as it was
     # Back to daily: the second deadline is in the series again and is made again, once.
     await conn.execute("UPDATE pgwork.reminder SET recur = 'FREQ=DAILY'")

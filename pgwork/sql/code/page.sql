@@ -101,8 +101,8 @@ BEGIN
          CROSS JOIN LATERAL unnest(d.remind_before) AS b(before)
          WHERE d.series_from IS NULL
     ), series AS MATERIALIZED (
-        -- Recurring reminders' occurrences and progress come from pgwork.materialise_series,
-        -- called only when the page has one (the one-off path's plan stays as small as it was).
+        -- Recurring reminders are made by pgwork.materialise_series, called only when the page
+        -- has one (the one-off path's plan stays as small as it was).
         SELECT s.*
           FROM (SELECT array_agg(d.id) AS ids FROM due d WHERE d.series_from IS NOT NULL) AS a
          CROSS JOIN LATERAL pgwork.materialise_series(a.ids, (SELECT p.cutoff FROM params p),
@@ -119,16 +119,41 @@ BEGIN
                ch.catch_up
           FROM fires f
           LEFT JOIN pgwork.channel ch ON ch.name = f.channel
-    ), todo AS MATERIALIZED (
-        -- Every occurrence the page makes: the one-offs' (between their progress and the cutoff,
-        -- never one retention retired) and the series'.
-        SELECT o.id, o.source, o.business_key, o.due_at AS deadline, o.before AS occurrence, o.fire_at, o.channel,
-               pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before) AS operation_id,
-               o.skip,
+    ), rooms AS MATERIALIZED (
+        SELECT t.channel, t.room, make_interval(secs => t.expire_after_s) AS expire_after
+          FROM jsonb_to_recordset(materialise_page.take) AS t(channel text, room integer, expire_after_s float8)
+    ), take AS MATERIALIZED (
+        -- The occurrences claimed here (see above): each channel's oldest due ones, up to its room.
+        SELECT o.id, o.before
+          FROM (SELECT o.id, o.before, o.channel, o.fire_at,
+                       row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.before) AS n
+                  FROM occ o
+                 WHERE NOT o.skip AND o.fire_at <= now() AND o.fire_at >= o.progress
+                   AND o.channel IN (SELECT t.channel FROM rooms t)) AS o
+          JOIN rooms t ON t.channel = o.channel
+          JOIN pgwork.channel c ON c.name = o.channel
+         WHERE o.n <= t.room
+           AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
+           AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
+           AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
+    ), made AS (
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                lease, attempts, claimed_at, claimed_by)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before),
+               CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + materialise_page.claim_lease END,
+               CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
+               CASE WHEN o.skip THEN now() END,
                CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its reminder was written (%s)',
-                                           o.catch_up, o.fire_at, o.planned_at) END AS reason,
-               o.traceparent, o.tracestate, NULL::timestamp AS deadline_local, NULL::integer AS recur_version
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
+               CASE WHEN k.id IS NOT NULL THEN now() END,
+               CASE WHEN k.id IS NOT NULL THEN materialise_page.daemon_id END
           FROM occ o
+          LEFT JOIN take k ON k.id = o.id AND k.before = o.before
          WHERE o.fire_at <= o.cutoff
            AND o.fire_at >= o.progress
            -- A probe of retired's key per occurrence (a scalar subquery with LIMIT, not NOT EXISTS,
@@ -139,90 +164,22 @@ BEGIN
                 OR (SELECT true FROM pgwork.retired t
                      WHERE t.reminder_id = o.id AND t.deadline = o.due_at AND t.occurrence = o.before
                      LIMIT 1) IS NULL)
-        UNION ALL
-        SELECT s.id, s.source, s.business_key, s.deadline, s.occurrence, s.fire_at, s.channel, s.operation_id,
-               s.skip, s.reason, s.traceparent, s.tracestate, s.deadline_local, s.recur_version
-          FROM series s
-         WHERE s.occurrence IS NOT NULL
-    ), rooms AS MATERIALIZED (
-        SELECT t.channel, t.room, make_interval(secs => t.expire_after_s) AS expire_after
-          FROM jsonb_to_recordset(materialise_page.take) AS t(channel text, room integer, expire_after_s float8)
-    ), take AS MATERIALIZED (
-        -- The occurrences claimed here (see above): each channel's oldest due ones, up to its room.
-        SELECT o.id, o.deadline, o.occurrence
-          FROM (SELECT o.id, o.deadline, o.occurrence, o.channel, o.fire_at,
-                       row_number() OVER (PARTITION BY o.channel ORDER BY o.fire_at, o.id, o.occurrence) AS n
-                  FROM todo o
-                 WHERE NOT o.skip AND o.fire_at <= now()
-                   AND o.channel IN (SELECT t.channel FROM rooms t)) AS o
-          JOIN rooms t ON t.channel = o.channel
-          JOIN pgwork.channel c ON c.name = o.channel
-         WHERE o.n <= t.room
-           AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
-           AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
-           AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
-    ), made AS (
-        -- The one INSERT of work rows. An occurrence that has a row already is left alone here
-        -- (every unique key is an arbiter: a one-off's deadline, a series' local deadline, the
-        -- instant); made again below if an edit superseded it.
-        INSERT INTO pgwork.renewal_work AS w
-               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
-                available_at, status, finished_at, last_error, traceparent, tracestate, deadline_local,
-                recur_version, lease, attempts, claimed_at, claimed_by)
-        SELECT o.id, o.source, o.business_key, o.deadline, o.occurrence, o.fire_at, o.channel, o.operation_id,
-               CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + materialise_page.claim_lease END,
-               CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
-               CASE WHEN o.skip THEN now() END, o.reason, o.traceparent, o.tracestate, o.deadline_local,
-               o.recur_version, (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
-               CASE WHEN k.id IS NOT NULL THEN now() END,
-               CASE WHEN k.id IS NOT NULL THEN materialise_page.daemon_id END
-          FROM todo o
-          LEFT JOIN take k ON k.id = o.id AND k.deadline = o.deadline AND k.occurrence = o.occurrence
-            ON CONFLICT DO NOTHING
+            ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
+           -- A revived row keeps its lease and attempts: it is made ready, never claimed here, on
+           -- the reminder's channel now.
+           SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
+               available_at = CASE WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate, channel = excluded.channel
+         WHERE w.status = 'superseded'
         -- The whole row only for those claimed here (pgwork.as_claimed below).
         RETURNING w.id, w.reminder_id, w.status, w.due_at, CASE WHEN w.status = 'claimed' THEN w END AS work
-    ), stale AS MATERIALIZED (
-        -- The rows an edit superseded of occurrences the INSERT left out (their deadline came
-        -- back), each found by its key. Looked for only when the INSERT left one out: on a page
-        -- that made all it was given, this costs nothing.
-        SELECT o.*,
-               CASE WHEN o.deadline_local IS NULL
-                    THEN (SELECT x.ctid FROM pgwork.renewal_work x
-                           WHERE x.reminder_id = o.id AND x.deadline = o.deadline
-                             AND x.occurrence = o.occurrence AND x.status = 'superseded')
-                    ELSE (SELECT x.ctid FROM pgwork.renewal_work x
-                           WHERE x.reminder_id = o.id AND x.deadline_local = o.deadline_local
-                             AND x.occurrence = o.occurrence AND x.status = 'superseded')
-               END AS target
-          FROM todo o
-         WHERE (SELECT count(*) FROM made) < (SELECT count(*) FROM todo)
-    ), revived AS (
-        -- They are made again, ready (never claimed here), on the reminder's channel now, keeping
-        -- their lease and attempts; a series' keeps a retry time it waits for, and takes its
-        -- deadline's instant now. By ctid, as a list: a join would let the planner scan the table.
-        UPDATE pgwork.renewal_work w
-           SET status = CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
-               available_at = CASE WHEN o.deadline_local IS NOT NULL AND w.attempts > 0 AND NOT o.skip
-                                   THEN greatest(w.available_at, o.fire_at) ELSE o.fire_at END,
-               finished_at = CASE WHEN o.skip THEN now() END, last_error = o.reason,
-               traceparent = o.traceparent, tracestate = o.tracestate,
-               deadline = o.deadline, channel = o.channel,
-               due_at = CASE WHEN o.deadline_local IS NULL THEN w.due_at ELSE o.fire_at END,
-               recur_version = CASE WHEN o.deadline_local IS NULL THEN w.recur_version ELSE o.recur_version END
-          FROM stale o
-         WHERE w.ctid = ANY ((SELECT array_agg(t.target) FROM stale t)::tid[])
-           AND w.ctid = o.target
-        RETURNING w.status, w.due_at
-    ), changed AS (
-        SELECT m.status, m.due_at FROM made m
-        UNION ALL
-        SELECT v.status, v.due_at FROM revived v
     ), nxt AS (
         SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
           FROM occ o
          GROUP BY o.id
         UNION ALL
-        SELECT DISTINCT s.id, s.next_fire_at FROM series s
+        SELECT s.id, s.next_fire_at FROM series s
     ), advanced AS (
         -- By ctid: the rows are locked by this statement, and a join on id would scan the table.
         UPDATE pgwork.reminder r
@@ -233,19 +190,22 @@ BEGIN
     ), figures AS (
         SELECT (SELECT p.cutoff FROM params p) AS cutoff,
                (SELECT count(*) FROM due) AS scanned,
-               (SELECT count(*) FROM changed) AS made,
-               (SELECT count(*) FROM changed m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
-               (SELECT count(*) FROM changed m WHERE m.status = 'expired') AS skipped,
+               (SELECT count(*) FROM made) + (SELECT coalesce(sum(s.made), 0) FROM series s)::bigint AS made,
+               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed'))
+                 + (SELECT coalesce(sum(s.made_due), 0) FROM series s)::bigint AS made_due,
+               (SELECT count(*) FROM made m WHERE m.status = 'expired')
+                 + (SELECT coalesce(sum(s.skipped), 0) FROM series s)::bigint AS skipped,
                (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
-                                       WHERE EXISTS (SELECT 1 FROM changed m WHERE m.status = 'ready')) AS n) AS notified,
-               (SELECT min(m.due_at) FROM changed m) AS earliest_made,
+                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')
+                                          OR EXISTS (SELECT 1 FROM series s WHERE s.made_ready > 0)) AS n) AS notified,
+               least((SELECT min(m.due_at) FROM made m), (SELECT min(s.earliest_made) FROM series s)) AS earliest_made,
                l.next_fire_at AS last_at, l.id AS last_id,
-               (SELECT count(DISTINCT s.id) FROM series s WHERE s.unfinished) AS unfinished
+               (SELECT count(*) FROM series s WHERE s.unfinished) AS unfinished
           FROM (SELECT 1) AS one
           LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
     ), claimed AS (
         -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
-        SELECT pgwork.as_claimed(m.work, 'ready', r.recipient, r.payload::text, r.due_tz) AS claimed, m.due_at, m.id
+        SELECT pgwork.as_claimed(m.work, 'ready', r.recipient, r.payload::text, NULL) AS claimed, m.due_at, m.id
           FROM made m
           JOIN pgwork.reminder r ON r.id = m.reminder_id
          WHERE m.status = 'claimed'

@@ -45,11 +45,10 @@ COMMENT ON FUNCTION pgwork.series_latest_missed(jsonb, timestamp, text, interval
 
 -- A page's recurring reminders (series), called by the page only when it has one (so the plan of
 -- the one-off path stays what it was): for each, the sends that fall between its progress and
--- the cutoff, judged by the channel's catch_up, keyed by their local deadline, for the page to
--- make (its one INSERT makes the work rows of one-offs and series alike, and claims those due
--- now as it does a one-off's); and each reminder's new progress, on each of its rows (one row
--- with a NULL occurrence when it has nothing to make). Runs inside the page's statement and
--- transaction (the reminders are locked by it).
+-- the cutoff, judged by the channel's catch_up, inserted keyed by their local deadline; returns
+-- each reminder's new progress and what was made. Runs inside the page's statement and
+-- transaction (the reminders are locked by it); never claims (a series' occurrence due now is
+-- claimed by the next claim, one hop later).
 --
 -- Its work is bounded whatever a rule asks for. Deadlines are evaluated per remind_before entry,
 -- in a window as wide as the page's span of fire time (plus a day each side for DST, and a probe
@@ -60,10 +59,8 @@ COMMENT ON FUNCTION pgwork.series_latest_missed(jsonb, timestamp, text, interval
 -- as its share reaches, and leaves its progress there (unfinished): the next passes go on from
 -- it, while every other reminder is served in each pass as usual.
 CREATE OR REPLACE FUNCTION pgwork.materialise_series(ids bigint[], cutoff timestamptz, budget integer)
-RETURNS TABLE (id bigint, next_fire_at timestamptz, unfinished boolean, source text, business_key text,
-               deadline timestamptz, occurrence interval, fire_at timestamptz, channel text, operation_id uuid,
-               skip boolean, reason text, traceparent text, tracestate text, deadline_local timestamp,
-               recur_version integer)
+RETURNS TABLE (id bigint, next_fire_at timestamptz, made bigint, made_due bigint, skipped bigint,
+               made_ready bigint, earliest_made timestamptz, unfinished boolean)
 -- Every table it reads is read by key (a reminder by id, a tombstone or a work row by its
 -- reminder's key): no sequential scan, whatever the statistics say. Taken while renewal_work was
 -- empty, they made the probe for other local deadlines on the same instant a scan of the whole
@@ -185,18 +182,26 @@ BEGIN
           FROM deadlines k
           JOIN reach r ON r.id = k.id
          CROSS JOIN LATERAL unnest(k.befores, k.fire_ats) AS b(before, fire_at)
-    ), todo AS (
+    ), made AS (
         -- A series' occurrences, identified by their local deadline (work_series_occurrence_unique),
         -- so a zone edit or a time zone data update never makes a second one. A tombstone of the
         -- same local deadline stops it, and so does a row of another local deadline on the same
-        -- instant (the same send, made before an edit). The page makes them (and makes again one
-        -- an edit superseded: its instant may have moved).
-        SELECT o.id, o.source::text, o.business_key::text, o.due_at AS deadline, o.before AS occurrence, o.fire_at,
-               o.channel, pgwork.series_operation_id(o.id, o.source, o.business_key, o.dl, o.before) AS operation_id,
-               o.skip,
+        -- instant (the same send, made before an edit). An occurrence an edit superseded is made
+        -- again (its instant may have moved), on the reminder's channel now; one waiting for a
+        -- retry keeps its retry time.
+        INSERT INTO pgwork.renewal_work AS w
+               (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
+                available_at, status, finished_at, last_error, traceparent, tracestate,
+                deadline_local, recur_version)
+        SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
+               pgwork.series_operation_id(o.id, o.source, o.business_key, o.dl, o.before),
+               o.fire_at,
+               CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
+               CASE WHEN o.skip THEN now() END,
                CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its series was written or edited (%s)',
-                                           o.catch_up, o.fire_at, o.planned_at) END AS reason,
-               o.traceparent::text, o.tracestate::text, o.dl AS deadline_local, o.recur_version
+                                           o.catch_up, o.fire_at, o.planned_at) END,
+               o.traceparent, o.tracestate,
+               o.dl, o.recur_version
           FROM occ o
          WHERE o.fire_at >= o.progress
            AND CASE WHEN o.unfinished THEN o.fire_at < o.upto ELSE o.fire_at <= o.cutoff END
@@ -207,6 +212,16 @@ BEGIN
                  WHERE x.reminder_id = o.id AND x.deadline = o.due_at AND x.occurrence = o.before
                    AND x.deadline_local IS DISTINCT FROM o.dl
                  LIMIT 1) IS NULL
+            ON CONFLICT (reminder_id, deadline_local, occurrence) WHERE deadline_local IS NOT NULL DO UPDATE
+           SET status = excluded.status,
+               available_at = CASE WHEN w.attempts > 0 AND excluded.status = 'ready'
+                                   THEN greatest(w.available_at, excluded.available_at)
+                                   ELSE excluded.available_at END,
+               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               traceparent = excluded.traceparent, tracestate = excluded.tracestate, channel = excluded.channel,
+               deadline = excluded.deadline, due_at = excluded.due_at, recur_version = excluded.recur_version
+         WHERE w.status = 'superseded'
+        RETURNING w.reminder_id, w.status, w.due_at
     ), nxt AS (
         -- Unfinished: its progress is how far the page went. Else its first send past the
         -- cutoff in the windows, but never later than the earliest send of a deadline past a
@@ -225,13 +240,18 @@ BEGIN
                        FROM occ o
                       GROUP BY o.id) AS f ON f.id = r.id
     )
-    SELECT n.id, n.next_fire_at, n.unfinished, t.source, t.business_key, t.deadline, t.occurrence, t.fire_at,
-           t.channel, t.operation_id, t.skip, t.reason, t.traceparent, t.tracestate, t.deadline_local,
-           t.recur_version
+    SELECT n.id, n.next_fire_at,
+           count(m.reminder_id),
+           count(m.reminder_id) FILTER (WHERE m.due_at <= now() AND m.status = 'ready'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'expired'),
+           count(m.reminder_id) FILTER (WHERE m.status = 'ready'),
+           min(m.due_at),
+           n.unfinished
       FROM nxt n
-      LEFT JOIN todo t ON t.id = n.id;
+      LEFT JOIN made m ON m.reminder_id = n.id
+     GROUP BY n.id, n.next_fire_at, n.unfinished;
 END
 $$;
 COMMENT ON FUNCTION pgwork.materialise_series(bigint[], timestamptz, integer) IS
-    'The occurrences of a page''s recurring reminders to make, and their progress (called by materialise_page only).';
+    'The materialiser''s page for its recurring reminders (called by materialise_page only).';
 REVOKE EXECUTE ON FUNCTION pgwork.materialise_series FROM PUBLIC;

@@ -8,9 +8,6 @@
 --     one column of it, so its result changes: the old function is dropped here and the code
 --     file makes the new one in the same transaction (IF EXISTS: an upgrade from before 14
 --     has none of this signature here, its steps carrying no code).
---   * one INSERT makes the work rows of one-offs and series alike, so a series' occurrence due
---     now is claimed by the page too: pgwork.materialise_series returns the occurrences it used
---     to insert, so it is dropped here and made again by its code file.
 --   * pgwork.outcome, an attempt's outcome as the daemon sends it, declared once: record_outcomes
 --     reads its JSON array as rows of it.
 -- No table is changed; nothing an app runs waits on this step (a running daemon of schema 15
@@ -74,6 +71,3 @@ COMMENT ON TYPE pgwork.outcome IS
 -- squawk-ignore ban-drop-function
 DROP FUNCTION IF EXISTS pgwork.materialise_page(boolean, timestamptz, interval, timestamptz, bigint, integer, text,
                                                 jsonb, interval, text, bigint[]);
--- Its only caller is the page: it now returns the occurrences for the page's one INSERT.
--- squawk-ignore ban-drop-function
-DROP FUNCTION IF EXISTS pgwork.materialise_series(bigint[], timestamptz, integer);
