@@ -923,3 +923,37 @@ async def test_the_claim_builds_no_claimed_row_per_field(
     plan = await rows(conn, "EXPLAIN (VERBOSE) " + Q["claim_work"], request().params())
     text = "\n".join(r["QUERY PLAN"] for r in plan)
     assert "renewal_work" in text and "as_claimed" not in text
+
+
+async def test_a_claim_runs_no_sql_function_body_of_its_own(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A SQL function PostgreSQL cannot inline (its body holds a subquery) is a plan of its
+    own, made again on every execution of the statement that calls it on PostgreSQL 15 (18
+    caches it): the claim turned its lanes through pgwork.next_ready, and a claim of ten rows
+    cost 1.2 ms of Postgres instead of 0.9 (bench/README.md, "The claim's lane turn"). A claim
+    of a channel without limits, whose rows are one-offs, calls no pgwork function (its
+    update's statement trigger, wake_lanes, aside)."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT s, 'k' || g, now() - interval '1 minute', 'test', 'r' "
+        "FROM generate_series(1, 6) g, unnest(ARRAY['a', 'b']) s"
+    )
+    async with await db.connect(dsn) as daemon:
+        await materialiser.run_once(daemon, lookahead=0, page_size=100)
+        await daemon.execute("BEGIN")
+        try:
+            await daemon.execute("SET LOCAL track_functions = 'all'")
+            got = await store.claim_work(daemon, request(limit=4))
+            called = await rows(
+                daemon,
+                "SELECT f.funcname, f.calls FROM pg_stat_xact_user_functions f "
+                "JOIN pg_proc p ON p.oid = f.funcid "
+                "WHERE f.schemaname = 'pgwork' AND p.prorettype <> 'trigger'::regtype "
+                "ORDER BY 1",
+            )
+        finally:
+            await daemon.execute("ROLLBACK")
+    # Both lanes served and turned (rows are left in each), nothing called.
+    assert sorted(r.source for r in got) == ["a", "a", "b", "b"]
+    assert called == []

@@ -430,8 +430,16 @@ WITH handed AS MATERIALIZED (
 ), turn AS MATERIALIZED (
     -- Each served lane this claim holds: when its next ready row (past what this claim takes)
     -- is due. Read by this statement's snapshot, taken after claim_lock's lock: a row made
-    -- ready since then waits on that lock to wake its lane (pgwork.wake_lanes).
-    SELECT s.source, pgwork.next_ready(%(channel)s, s.source, t.ids) AS next_at
+    -- ready since then waits on that lock to wake its lane (pgwork.wake_lanes). A subquery of
+    -- this plan, not a SQL function: one with a subquery is never inlined, and PostgreSQL 15
+    -- planned its body again on every claim (test_hot_path.py::
+    -- test_a_claim_runs_no_sql_function_body_of_its_own).
+    SELECT s.source,
+           (SELECT w.available_at FROM pgwork.renewal_work w
+             WHERE w.channel = %(channel)s AND w.source = s.source AND w.status = 'ready'
+               AND NOT w.id = ANY (coalesce(t.ids, '{}'))
+             ORDER BY w.available_at, w.id
+             LIMIT 1) AS next_at
       FROM served s
       LEFT JOIN (SELECT c.source, array_agg(c.id) AS ids FROM candidate c GROUP BY c.source) AS t
         ON t.source = s.source

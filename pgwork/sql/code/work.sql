@@ -38,16 +38,6 @@ COMMENT ON FUNCTION pgwork.claimed_now(text) IS
     'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
     'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
 
-CREATE OR REPLACE FUNCTION pgwork.next_ready(channel text, source text, taken bigint[]) RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN (SELECT w.available_at FROM pgwork.renewal_work w
-         WHERE w.channel = next_ready.channel AND w.source = next_ready.source AND w.status = 'ready'
-           AND NOT w.id = ANY (coalesce(taken, '{}'))
-         ORDER BY w.available_at, w.id
-         LIMIT 1);
-COMMENT ON FUNCTION pgwork.next_ready(text, text, bigint[]) IS
-    'When a lane''s next ready row is available, past the rows a claim takes (NULL: none left).';
-
 CREATE OR REPLACE FUNCTION pgwork.wake_lanes() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
