@@ -25,7 +25,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import anyio
 import psycopg
@@ -72,13 +72,16 @@ def examined(plan: Any) -> tuple[float, list[Scan]]:
     return sum(n for n, _ in scans), scans
 
 
-async def plans(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any]) -> list[Any]:
+async def plans(
+    conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any], log: Path
+) -> list[Any]:
     """The statement's custom plan (as sent with ``params``) and its generic plan, executed and
-    rolled back (claim_work after claim_lock, in its transaction, as the daemon runs it)."""
+    rolled back. The claim's rows are read by a statement of pgwork.claim_rows: its plans are
+    read from ``auto_explain``'s log (``log``: the server's)."""
+    if name == "claim_work":
+        return [await _claim_rows_plan(conn, params, log, generic) for generic in (False, True)]
     got: list[Any] = []
     async with conn.transaction():
-        if name == "claim_work":
-            await conn.execute(Q["claim_lock"], params)
         cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q[name], params)
         row = await cur.fetchone()
         assert row is not None
@@ -89,8 +92,6 @@ async def plans(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str,
     try:
         async with conn.transaction():
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            if name == "claim_work":
-                await conn.execute(Q["claim_lock"], params)
             args = ", ".join(psycopg.sql.quote(v) for v in generic.args(params))
             cur = await conn.execute(
                 "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE plans_probe"
@@ -103,6 +104,53 @@ async def plans(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str,
     finally:
         await conn.execute("DEALLOCATE plans_probe")
     return got
+
+
+async def _claim_rows_plan(
+    conn: psycopg.AsyncConnection[Any], params: dict[str, Any], log: Path, generic: bool
+) -> Any:
+    """The plan of the claim's rows statement (a custom or the generic one), from auto_explain,
+    the claim rolled back."""
+    plans_seen = await nested_plans(conn, log, Q["claim_work"], params, generic=generic)
+    (plan,) = [
+        doc["Plan"]
+        for doc in plans_seen
+        if doc.get("Query Text", "").lstrip().startswith("WITH handed")
+    ]
+    return plan
+
+
+async def nested_plans(
+    conn: psycopg.AsyncConnection[Any],
+    log: Path,
+    sql: LiteralString,
+    params: dict[str, Any],
+    *,
+    generic: bool = False,
+) -> list[Any]:
+    """Run ``sql`` in a transaction rolled back, with auto_explain logging every statement it
+    runs (those of the functions it calls too); their documents from the log."""
+    await conn.execute("LOAD 'auto_explain'")
+    mark = log.stat().st_size
+    async with conn.transaction():
+        for k, v in (
+            ("log_min_duration", "0"),
+            ("log_analyze", "on"),
+            ("log_nested_statements", "on"),
+            ("log_format", "json"),
+            ("log_timing", "off"),
+        ):
+            await conn.execute(f"SET LOCAL auto_explain.{k} = {v}")
+        if generic:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(sql, params)
+        raise psycopg.Rollback()
+    decoder = json.JSONDecoder()
+    docs = []
+    for chunk in log.read_text()[mark:].split("LOG:  duration:")[1:]:
+        doc, _ = decoder.raw_decode(chunk[chunk.index("{") :])
+        docs.append(doc)
+    return docs
 
 
 def line(name: str, results: list[tuple[str, float | None, float, list[Scan]]]) -> str:
@@ -289,7 +337,7 @@ async def main(argv: list[str] | None = None) -> None:
                     "work_get": {"id": dead},
                 }  # fmt: skip
                 for name, params in cases.items():
-                    got = await plans(c, name, params)
+                    got = await plans(c, name, params, srv.data_dir / "server.log")
                     results = [
                         (kind, p.get("Actual Rows"), *examined(p))
                         for kind, p in zip(("custom", "generic"), got, strict=True)

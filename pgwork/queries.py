@@ -30,7 +30,7 @@ Q: dict[str, LiteralString] = _load(_read("queries.sql"))
 
 #: psycopg converts ``%(name)s`` to ``$n`` on every execute, and caches the conversion only for
 #: statements up to 4,096 characters (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); the
-#: longer ones (claim_work, record_outcomes: per batch) are converted here once instead
+#: longer ones (record_outcomes: per batch) are converted here once instead
 #: (bench/README.md, "Per-delivery code"; tests/test_hot_path.py::
 #: test_long_statements_are_sent_as_psycopg_would_send_them).
 LONG = 4096
@@ -76,6 +76,7 @@ CODE = (
     "occurrence",
     "recurrence",
     "work",
+    "claim",
     "reminder_triggers",
     "channel_control",
     "tenancy",

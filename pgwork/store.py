@@ -690,14 +690,12 @@ class ClaimRequest:
 
 
 async def claim_work(conn: Conn, req: ClaimRequest) -> list[Claimed]:
-    """claim_work after claim_lock, in one transaction and round trip. Always both: the lanes
-    are taken first, and whether a limit is in force (a throttle limit, the breaker's probe) is
-    the channel row's to say, not this daemon's config (see claim_lock)."""
-    async with _one_round_trip(conn):
-        await conn.execute(Q["claim_lock"], {"channel": req.channel, "limit": req.limit})
-        cur = _cursor(conn, "claim_work", _tuple_rows(Claimed))
+    """One statement: the lanes and the limit's lock are taken first, whatever this daemon's
+    config says (a throttle limit, the breaker's probe: the channel row's to say), then the
+    rows (pgwork/sql/code/claim.sql)."""
+    async with _cursor(conn, "claim_work", _tuple_rows(Claimed)) as cur:
         await _execute(cur, "claim_work", req.params())
-    return await cur.fetchall()
+        return await cur.fetchall()
 
 
 @asynccontextmanager

@@ -730,11 +730,7 @@ def test_long_statements_are_sent_as_psycopg_would_send_them() -> None:
     from psycopg._queries import PostgresQuery
     from psycopg.adapt import Transformer
 
-    assert (
-        set(P)
-        == {n for n, sql in Q.items() if len(sql) > 4096}
-        >= {"claim_work", "record_outcomes"}
-    )
+    assert set(P) == {n for n, sql in Q.items() if len(sql) > 4096} >= {"record_outcomes"}
     for name, pos in P.items():
         pq = PostgresQuery(Transformer())
         pq.convert(Q[name], {n: None for n in pos.names})
@@ -894,7 +890,7 @@ async def test_the_daemons_pool_plans_each_statement_once_per_connection(dsn: st
             plans = await rows(
                 c,
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                "WHERE statement LIKE '%%WITH handed AS%%' AND statement NOT LIKE '%%pg_prepared%%'",
+                "WHERE statement LIKE '%%pgwork.claim_lanes(%%' AND statement NOT LIKE '%%pg_prepared%%'",
             )
             # Its one generic plan, made once, served all three.
             assert plans == [{"generic_plans": 3, "custom_plans": 0}]
@@ -914,26 +910,16 @@ async def test_the_daemons_pool_plans_each_statement_once_per_connection(dsn: st
         await pool.close()
 
 
-async def test_the_claim_builds_no_claimed_row_per_field(
-    conn: psycopg.AsyncConnection[Any],
-) -> None:
-    """claim_work returns ``(pgwork.as_claimed(...)).*``: inlined, that is the work row's own
-    columns; were the function not inlined (made PL/pgSQL, given a SET clause), PostgreSQL would
-    call it once per field, 21 times a claimed row. The plan names no call of it."""
-    plan = await rows(conn, "EXPLAIN (VERBOSE) " + Q["claim_work"], request().params())
-    text = "\n".join(r["QUERY PLAN"] for r in plan)
-    assert "renewal_work" in text and "as_claimed" not in text
-
-
 async def test_a_claim_runs_no_sql_function_body_of_its_own(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """A SQL function PostgreSQL cannot inline (its body holds a subquery) is a plan of its
-    own, made again on every execution of the statement that calls it on PostgreSQL 15 (18
-    caches it): the claim turned its lanes through pgwork.next_ready, and a claim of ten rows
-    cost 1.2 ms of Postgres instead of 0.9 (bench/README.md, "The claim's lane turn"). A claim
-    of a channel without limits, whose rows are one-offs, calls no pgwork function (its
-    update's statement trigger, wake_lanes, aside)."""
+    """The claim is its two steps (pgwork/sql/code/claim.sql) and nothing else. A SQL function
+    PostgreSQL cannot inline (its body holds a subquery) is a plan of its own, made again on
+    every execution of the statement that calls it on PostgreSQL 15 (18 caches it): the claim
+    turned its lanes through pgwork.next_ready, and a claim of ten rows cost 1.2 ms of Postgres
+    instead of 0.9. pgwork.as_claimed must stay inlined too: made PL/pgSQL or given a SET
+    clause, it would be called once per field, 21 times a claimed row. Trigger functions
+    (wake_lanes, on the rows' update) aside."""
     await conn.execute(
         "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
         "SELECT s, 'k' || g, now() - interval '1 minute', 'test', 'r' "
@@ -954,6 +940,9 @@ async def test_a_claim_runs_no_sql_function_body_of_its_own(
             )
         finally:
             await daemon.execute("ROLLBACK")
-    # Both lanes served and turned (rows are left in each), nothing called.
+    # Both lanes served and turned (rows are left in each), nothing else called.
     assert sorted(r.source for r in got) == ["a", "a", "b", "b"]
-    assert called == []
+    assert called == [
+        {"funcname": "claim_lanes", "calls": 1},
+        {"funcname": "claim_rows", "calls": 1},
+    ]

@@ -545,12 +545,11 @@ def test_every_named_statement_has_one_typed_function() -> None:
     from pgwork.queries import Q
 
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
-    # Run inside another function's transaction: claim_lock in claim_work's, batch_limits in
+    # Run inside another function's transaction: batch_limits in
     # retention_delete_batch's, commit_synchronously in materialise_page's, the retire steps in
     # channel_retire's; or one of two a function chooses (history_work); the two steps of
     # migration_standing.
     inner = {
-        "claim_lock",
         "batch_limits",
         "commit_synchronously",
         "channel_retire_hold",

@@ -437,12 +437,10 @@ async def test_every_way_a_row_becomes_ready_makes_it_claimable_again(
 async def test_lanes_that_appear_between_a_claims_statements_wait_for_the_next_claim(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """A claim's first statement found no lane (none was due yet); rows and their lanes were
-    committed before its second statement. Taking rows from those lanes unlocked would leave
-    them unturned, and lane a would be served twice before b: they are left for the next claim,
+    """A claim's first step found no lane (none was due yet); rows and their lanes were
+    committed before its second step. Taking rows from those lanes unlocked would leave them
+    unturned, and lane a would be served twice before b: they are left for the next claim,
     which locks and turns them."""
-    from pgwork.queries import Q
-
     await _flood(conn, "a", 10, "now() - interval '1 hour'")
     await _flood(conn, "b", 1, "now() - interval '1 minute'")
     params = {
@@ -456,9 +454,16 @@ async def test_lanes_that_appear_between_a_claims_statements_wait_for_the_next_c
     }
     async with await db.connect(dsn) as c:
         async with c.transaction():
-            await c.execute(Q["claim_lock"], params)  # no lane yet
+            # The claim's two steps (pgwork/sql/code/claim.sql), with the page between them.
+            (took,) = await rows(c, "SELECT * FROM pgwork.claim_lanes('test', 1)")
+            assert took == {"channel_locked": None, "lanes": []}  # no lane yet
             await materialise(dsn)  # the page commits its rows and lanes meanwhile
-            first = await rows(c, Q["claim_work"], params)
+            first = await rows(
+                c,
+                "SELECT * FROM pgwork.claim_rows(%(channel)s, %(limit)s, %(max_attempts)s, "
+                "%(lease)s, %(daemon_id)s, %(expire_after)s, %(synchronous_commit)s, NULL, '{}')",
+                params,
+            )
     order = [r["source"] for r in first]
     for _ in range(3):
         order += [r["source"] for r in await claim(dsn, limit=1)]
@@ -483,15 +488,14 @@ async def test_two_daemons_claim_from_one_busy_source_at_once(
 async def test_a_claim_that_fails_leaves_its_connection_idle(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """A claim is one round trip (BEGIN, its two statements and COMMIT in one pipeline): when a
-    statement fails, the claim rolls its transaction back itself, so the connection goes back
-    to the pool idle and the next claim on it works."""
+    """A claim is one statement: when it fails, its transaction is rolled back, so the
+    connection goes back to the pool idle and the next claim on it works."""
     from psycopg import errors
     from psycopg.pq import TransactionStatus
 
     await add(conn, "k")
     await materialise(dsn)
-    # A limit in force: claim_lock locks the channel row, which another session holds.
+    # A limit in force: the claim locks the channel row, which another session holds.
     await conn.execute("UPDATE pgwork.channel SET global_concurrency = 10 WHERE name = 'test'")
     async with await db.connect(dsn) as holder, await db.connect(dsn) as c:
         await holder.execute("BEGIN")

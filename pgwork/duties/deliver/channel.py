@@ -114,8 +114,8 @@ class ChannelRunner:
         self.synchronous_claims = cfg.synchronous_claims
         c = channel.config
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
-        #: Configured limits that claims count (under the channel's lock, see claim_lock): the
-        #: materialiser's page does not claim for such a channel.
+        #: Configured limits that claims count (under the channel's lock, see
+        #: pgwork.claim_lanes): the materialiser's page does not claim for such a channel.
         self.lock_channel = c.rate_limit is not None or c.global_concurrency is not None
         self.claim_batch = cfg.claim_batch
         self.tick = cfg.tick

@@ -69,6 +69,7 @@ BEGIN
               pgwork.daemon, pgwork.lane TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
+        GRANT EXECUTE ON FUNCTION pgwork.claim_lanes, pgwork.claim_rows TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_series TO pgwork_daemon;
         BEGIN
             -- The xmin-horizon gauge reads other sessions' backend_xmin.

@@ -1,0 +1,284 @@
+-- pgwork/sql/code/claim.sql — The claim: a channel's lanes and limit lock, then its rows, in one statement of the daemon.
+-- Code, not tables: `pgwork migrate` applies every file of pgwork/sql/code/ after the pending
+-- migrations, in the order of pgwork.queries.CODE, so each definition here is the only one.
+--
+-- The daemon claims with one statement (queries.sql, claim_work): pgwork.claim_lanes, then
+-- pgwork.claim_rows with what it took, as parameters. Both are VOLATILE PL/pgSQL functions, so
+-- each of their statements takes a new snapshot (READ COMMITTED): claim_rows' is taken after
+-- claim_lanes' locks, so it sees every change made before them, and nobody can change what they
+-- locked until the claim commits. One statement, not two in a pipeline with BEGIN and COMMIT:
+-- the same claim cost ~13% less Postgres CPU and about half the daemon's Python for a claim of
+-- one row, ~5% and ~20% for a hundred (bench/README.md, "The claim in one statement"). Their
+-- plans are kept by the session, as a prepared statement's are (generic in the daemon's).
+
+-- What a claim takes first, before the snapshot its rows are read with:
+--  * the channel row, when a limit is in force (a rate limit, a global concurrency, or a
+--    throttle limit: a receiver's throttling answers or the circuit breaker's one probe at a
+--    time), which serialises the claims of such a channel across daemons so that each counts
+--    what the previous one claimed; a channel with no limit is not locked. channel_locked names
+--    it: a limit that came into force between the two steps gives that claim nothing, never an
+--    uncounted row.
+--  * up to a batch of the channel's lanes whose turn has come, oldest turn first, skipping
+--    lanes another claim holds (two daemons serve different sources at once): lanes names them
+--    in turn order, for claim_rows to serve and turn.
+CREATE OR REPLACE FUNCTION pgwork.claim_lanes(channel text, claim_limit integer)
+RETURNS TABLE (channel_locked text, lanes text[])
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT (SELECT c.name FROM pgwork.channel c
+             WHERE c.name = claim_lanes.channel
+               AND (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
+               FOR NO KEY UPDATE) AS channel_locked,
+           coalesce((SELECT array_agg(l.source ORDER BY l.turn_at, l.source)
+                       FROM (SELECT l.source, l.turn_at FROM pgwork.lane l
+                              WHERE l.channel = claim_lanes.channel AND l.turn_at <= now()
+                              ORDER BY l.turn_at, l.source
+                              LIMIT claim_lanes.claim_limit
+                                FOR UPDATE SKIP LOCKED) AS l), '{}') AS lanes;
+END
+$$;
+COMMENT ON FUNCTION pgwork.claim_lanes(text, integer) IS
+    'A claim''s first step: its channel''s row when a limit is in force, and the lanes whose turn has come (called by the daemon''s claim only).';
+REVOKE EXECUTE ON FUNCTION pgwork.claim_lanes(text, integer) FROM PUBLIC;
+
+-- Claim up to claim_limit rows of one channel that are ready and available, or claimed under an
+-- expired lease, after pgwork.claim_lanes took channel_locked and lanes. The reminder is re-read
+-- in the same statement: work for a deleted reminder is cancelled and work for a moved deadline
+-- (or a dropped remind_before entry) is superseded; neither is returned. A reclaimed lease was an
+-- attempt: it is written to the ledger, and with the budget spent the row goes dead instead of
+-- being claimed again.
+-- The claim commits without waiting for the WAL flush unless commit_mode is 'on'
+-- (database.synchronous_claims): a claim lost in a database crash is recovered like a killed
+-- worker's (the row is claimable again, the late outcome is fenced, the retry carries the same
+-- idempotency key, but the ledger has no row for the request that went out), and the next
+-- synchronous commit flushes it anyway.
+-- Outcomes (record_outcomes) commit synchronously: delivered is durable before it counts.
+-- The channel's row decides how many rows may be claimed (the gate): none while it is paused
+-- or throttled to a later instant; no more than its global concurrency or throttle limit minus
+-- the rows claimed under live leases; no more than the rate limit's tokens, which the claimed
+-- rows then spend.
+-- Past expire_after, an occurrence is closed as expired instead of sent.
+CREATE OR REPLACE FUNCTION pgwork.claim_rows(
+    channel text, claim_limit integer, max_attempts integer, lease interval, daemon_id text,
+    expire_after interval, commit_mode text, channel_locked text, lanes text[])
+RETURNS SETOF pgwork.claimed
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH handed AS MATERIALIZED (
+        -- What pgwork.claim_lanes took, as it named it (see there): the channel's row, locked when a limit
+        -- is in force; the lanes it locked, in turn order (empty: it took none).
+        SELECT claim_rows.channel_locked, claim_rows.lanes
+    ), gate AS MATERIALIZED (
+        SELECT c.name,
+               CASE WHEN c.paused OR c.not_before > now() THEN 0
+                    -- A limit to count, and this transaction does not hold the lock (claim_lanes).
+                    WHEN (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
+                         AND (SELECT h.channel_locked FROM handed h) IS DISTINCT FROM c.name THEN 0
+                    ELSE greatest(0, least(
+                        claim_rows.claim_limit,
+                        -- least() skips NULLs: no cap, no limit from it.
+                        least(c.global_concurrency, c.throttle_limit)
+                            - CASE WHEN c.global_concurrency IS NULL AND c.throttle_limit IS NULL THEN 0
+                                   ELSE pgwork.claimed_now(c.name) END,
+                        floor(t.tokens)))::int
+               END AS budget,
+               t.tokens
+          FROM pgwork.channel c
+         CROSS JOIN LATERAL (
+               SELECT pgwork.tokens_now(c.rate_limit, c.rate_burst, c.tokens, c.tokens_at) AS tokens
+               ) AS t
+         WHERE c.name = claim_rows.channel
+    ), due_lanes AS MATERIALIZED (
+        -- claim_lanes took no lane: the due lanes as this snapshot sees them, in turn order.
+        SELECT l.source, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
+          FROM pgwork.lane l
+         WHERE l.channel = claim_rows.channel AND l.turn_at <= now()
+           AND (SELECT cardinality(h.lanes) FROM handed h) = 0
+         ORDER BY l.turn_at, l.source
+         LIMIT claim_rows.claim_limit
+    ), free_now AS MATERIALIZED (
+        -- Those nobody holds appeared after claim_lanes' snapshot (their rows committed between the
+        -- two statements): locked here and left for the next claim, which sees their rows and
+        -- turns them (served now, unturned, such a lane would get an extra turn).
+        SELECT l.source
+          FROM pgwork.lane l
+         WHERE l.channel = claim_rows.channel AND l.source IN (SELECT d.source FROM due_lanes d)
+           FOR UPDATE SKIP LOCKED
+    ), lanes AS MATERIALIZED (
+        -- The lanes this claim serves, in turn order: those claim_lanes took; or, when other claims
+        -- hold every lane whose turn has come (several daemons on one busy source), those lanes as
+        -- this snapshot sees them, unlocked ("borrowed"): their rows are still taken with SKIP
+        -- LOCKED, and the lanes are left for their holders to turn.
+        SELECT o.source, o.n, true AS owned
+          FROM unnest((SELECT h.lanes FROM handed h)) WITH ORDINALITY AS o(source, n)
+        UNION ALL
+        SELECT d.source, row_number() OVER (ORDER BY d.n), false
+          FROM due_lanes d
+         WHERE d.source NOT IN (SELECT f.source FROM free_now f)
+    ), reclaim AS MATERIALIZED (
+        -- Rows whose lease expired (their worker died or lost its connection) come first: they
+        -- are the oldest. Read through work_held, where live leases are the index's later part.
+        SELECT w.id, w.source, w.available_at
+          FROM pgwork.renewal_work w
+         WHERE w.channel = claim_rows.channel AND w.status = 'claimed' AND w.available_at <= now()
+         ORDER BY w.available_at, w.id
+         LIMIT coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
+           FOR UPDATE SKIP LOCKED
+    ), share AS MATERIALIZED (
+        -- What is left of the budget, shared between the lanes served: a lane gets an equal share
+        -- (rounded up), and no more lanes are served than the budget has rows (a budget of one
+        -- serves the first lane in turn, and the next claim the next).
+        SELECT b.budget,
+               least(b.budget, (SELECT count(*) FROM lanes))::int AS served,
+               ceil(b.budget::numeric / greatest(1, least(b.budget, (SELECT count(*) FROM lanes))))::int AS each
+          FROM (SELECT greatest(0, coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
+                                   - (SELECT count(*) FROM reclaim))::int AS budget) AS b
+    ), served AS MATERIALIZED (
+        SELECT l.source, l.n, l.owned FROM lanes l WHERE l.n <= (SELECT served FROM share)
+    ), head AS MATERIALIZED (
+        SELECT h.id, h.source, h.available_at, s.n
+          FROM served s
+         CROSS JOIN LATERAL (
+               SELECT w.id, w.source, w.available_at
+                 FROM pgwork.renewal_work w
+                WHERE w.channel = claim_rows.channel AND w.source = s.source
+                  AND w.status = 'ready' AND w.available_at <= now()
+                ORDER BY w.available_at, w.id
+                LIMIT (SELECT each FROM share)
+                  FOR UPDATE SKIP LOCKED) AS h
+    ), head_end AS (
+        -- Where each lane's head ended, and whether it filled its share.
+        SELECT DISTINCT ON (source) source, n, available_at, id,
+               count(*) OVER (PARTITION BY source) = (SELECT each FROM share) AS filled
+          FROM head
+         ORDER BY source, available_at DESC, id DESC
+    ), tail AS MATERIALIZED (
+        -- What the lanes with fewer due rows than their share left over goes to the others, past
+        -- their heads.
+        SELECT t.id, t.source, t.available_at, e.n
+          FROM head_end e
+         CROSS JOIN LATERAL (
+               SELECT w.id, w.source, w.available_at
+                 FROM pgwork.renewal_work w
+                WHERE w.channel = claim_rows.channel AND w.source = e.source
+                  AND w.status = 'ready' AND w.available_at <= now()
+                  AND (w.available_at, w.id) > (e.available_at, e.id)
+                ORDER BY w.available_at, w.id
+                -- Never negative: the heads may overshoot the budget (each share is rounded up).
+                LIMIT greatest(0, (SELECT budget FROM share) - (SELECT count(*) FROM head))
+                  FOR UPDATE SKIP LOCKED) AS t
+         WHERE e.filled AND (SELECT budget FROM share) > (SELECT count(*) FROM head)
+    ), candidate AS MATERIALIZED (
+        -- Expired leases first, then round robin: every lane's first row in turn order, then
+        -- every lane's second, ...
+        SELECT x.id, x.source
+          FROM (SELECT id, source, available_at, 0::bigint AS n, 0::bigint AS round FROM reclaim
+                UNION ALL
+                SELECT r.id, r.source, r.available_at, r.n,
+                       row_number() OVER (PARTITION BY r.source ORDER BY r.available_at, r.id) AS round
+                  FROM (SELECT id, source, available_at, n FROM head
+                        UNION ALL
+                        SELECT id, source, available_at, n FROM tail) AS r) AS x
+         ORDER BY x.round, x.n, x.available_at, x.id
+         LIMIT coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
+    ), turn AS MATERIALIZED (
+        -- Each served lane this claim holds: when its next ready row (past what this claim takes)
+        -- is due. Read by this statement's snapshot, taken after claim_lanes' lock: a row made
+        -- ready since then waits on that lock to wake its lane (pgwork.wake_lanes). A subquery of
+        -- this plan, not a SQL function: one with a subquery is never inlined, and PostgreSQL 15
+        -- planned its body again on every claim (test_hot_path.py::
+        -- test_a_claim_runs_no_sql_function_body_of_its_own).
+        SELECT s.source,
+               (SELECT w.available_at FROM pgwork.renewal_work w
+                 WHERE w.channel = claim_rows.channel AND w.source = s.source AND w.status = 'ready'
+                   AND NOT w.id = ANY (coalesce(t.ids, '{}'))
+                 ORDER BY w.available_at, w.id
+                 LIMIT 1) AS next_at
+          FROM served s
+          LEFT JOIN (SELECT c.source, array_agg(c.id) AS ids FROM candidate c GROUP BY c.source) AS t
+            ON t.source = s.source
+         WHERE s.owned
+    ), turned AS (
+        -- A lane with a row still due goes to the back of the line (turn_at = now), one with a
+        -- later row waits for it ...
+        UPDATE pgwork.lane l
+           SET turn_at = greatest(t.next_at, now())
+          FROM turn t
+         WHERE t.next_at IS NOT NULL AND l.channel = claim_rows.channel AND l.source = t.source
+    ), emptied AS (
+        -- ... and one with no ready row left is removed.
+        DELETE FROM pgwork.lane l
+         USING turn t
+         WHERE t.next_at IS NULL AND l.channel = claim_rows.channel AND l.source = t.source
+    ), judged AS (
+        SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
+               w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
+               coalesce(pgwork.work_unwanted(r.id, r.due_at, r.remind_before, r.recur_rule, r.due_local, r.paused,
+                                             r.recur_skip, r.recur_until, r.recur_version,
+                                             w.deadline, w.deadline_local, w.occurrence, w.recur_version),
+                        -- Counted from the last redrive when there was one: a redrive says "send it".
+                        CASE WHEN greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval < now() THEN 'expired'
+                             WHEN w.attempts - w.attempts_base >= claim_rows.max_attempts THEN 'dead'
+                             ELSE 'claimed' END) AS verdict,
+               -- The payload as text: nothing in the claim decodes it (one undecodable payload
+               -- cannot fail a batch), and receivers get it exactly as stored.
+               r.recipient, r.payload::text AS payload, r.due_tz
+          -- The candidates as one array: read by primary key whatever the planner estimates
+          -- (joined to candidate, a generic plan that took its LIMIT as a tenth of the table
+          -- hashed the whole table: 40 ms for 100 rows).
+          FROM pgwork.renewal_work w
+          LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
+         WHERE w.id = ANY ((SELECT array_agg(c.id) FROM candidate c)::bigint[])
+    ), updated AS (
+        UPDATE pgwork.renewal_work w
+           SET status = j.verdict,
+               lease = w.lease + (j.verdict = 'claimed')::int,
+               attempts = w.attempts + (j.verdict = 'claimed')::int,
+               claimed_at = CASE WHEN j.verdict = 'claimed' THEN now() ELSE w.claimed_at END,
+               claimed_by = CASE WHEN j.verdict = 'claimed' THEN claim_rows.daemon_id ELSE w.claimed_by END,
+               available_at = CASE WHEN j.verdict = 'claimed' THEN now() + claim_rows.lease::interval ELSE w.available_at END,
+               finished_at = CASE WHEN j.verdict = 'claimed' THEN NULL ELSE now() END,
+               dead_reason = CASE WHEN j.verdict <> 'dead' THEN NULL
+                                  WHEN j.prev_status = 'claimed' THEN 'attempt budget spent (the last lease expired)'
+                                  ELSE 'attempt budget spent' END,
+               last_error = CASE WHEN j.verdict <> 'expired' THEN w.last_error
+                                 ELSE format('expired: not sent by %s (due %s, expire_after %s)',
+                                             greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval, w.due_at,
+                                             claim_rows.expire_after::interval) END
+          FROM judged j
+         WHERE w.id = j.id
+        -- The row a worker gets (pgwork.claimed). pgwork.as_claimed is inlined and its fields taken
+        -- from the row as the plan has it: nothing is built per row that the old column list did not
+        -- (test_hot_path.py::test_the_claim_builds_no_claimed_row_per_field).
+        RETURNING (pgwork.as_claimed(w, j.prev_status, j.recipient, j.payload, j.due_tz)).*
+    ), spent AS (
+        -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
+        UPDATE pgwork.channel c
+           SET tokens = g.tokens - (SELECT count(*) FROM updated u WHERE u.status = 'claimed'), tokens_at = now()
+          FROM gate g
+         WHERE c.name = g.name AND c.rate_limit IS NOT NULL
+    ), expired AS (
+        INSERT INTO pgwork.attempt
+               (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome, error_class, error)
+        SELECT u.id, j.prev_lease, j.prev_attempts, j.prev_claimed_by, coalesce(d.host, 'unknown'),
+               coalesce(d.pid, 0), j.prev_claimed_at, now(), 'lease_expired', 'LeaseExpired',
+               'the worker holding the lease did not report before it expired'
+          FROM updated u
+          JOIN judged j ON j.id = u.id
+          LEFT JOIN pgwork.daemon d ON d.id = j.prev_claimed_by
+         WHERE u.prev_status = 'claimed'
+            ON CONFLICT (work_id, lease) DO NOTHING
+    )
+    SELECT u.*
+      FROM (SELECT set_config('synchronous_commit', claim_rows.commit_mode, true)) AS commit_mode,
+           updated u
+     ORDER BY u.due_at, u.id;
+END
+$$;
+COMMENT ON FUNCTION pgwork.claim_rows(text, integer, integer, interval, text, interval, text, text, text[]) IS
+    'A claim''s second step: the rows it takes, after pgwork.claim_lanes (called by the daemon''s claim only).';
+REVOKE EXECUTE ON FUNCTION pgwork.claim_rows(text, integer, integer, interval, text, interval, text, text, text[]) FROM PUBLIC;
