@@ -39,6 +39,16 @@ from . import workloads as w
 
 Scan = tuple[float, str]
 
+#: auto_explain as these plans are read: every statement, nested ones too, with the rows each
+#: node read (not its time), as JSON.
+AUTO_EXPLAIN = (
+    ("log_min_duration", "0"),
+    ("log_analyze", "on"),
+    ("log_nested_statements", "on"),
+    ("log_format", "json"),
+    ("log_timing", "off"),
+)
+
 
 def examined(plan: Any) -> tuple[float, list[Scan]]:
     """Rows a plan's scans examined in all, and each scan's count with what it scanned."""
@@ -133,13 +143,7 @@ async def nested_plans(
     await conn.execute("LOAD 'auto_explain'")
     mark = log.stat().st_size
     async with conn.transaction():
-        for k, v in (
-            ("log_min_duration", "0"),
-            ("log_analyze", "on"),
-            ("log_nested_statements", "on"),
-            ("log_format", "json"),
-            ("log_timing", "off"),
-        ):
+        for k, v in AUTO_EXPLAIN:
             await conn.execute(f"SET LOCAL auto_explain.{k} = {v}")
         if generic:
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
@@ -218,13 +222,7 @@ async def build(c: psycopg.AsyncConnection[Any], n: int, fresh: bool) -> None:
 async def page_statements(c: psycopg.AsyncConnection[Any], log: Path) -> list[str]:
     """One page (three reminders due now, claimed), its statements' plans from auto_explain."""
     await c.execute("LOAD 'auto_explain'")
-    for k, v in (
-        ("log_min_duration", "0"),
-        ("log_analyze", "on"),
-        ("log_nested_statements", "on"),
-        ("log_format", "json"),
-        ("log_timing", "off"),
-    ):
+    for k, v in AUTO_EXPLAIN:
         await c.execute(f"SET auto_explain.{k} = {v}")
     mark = log.stat().st_size
     take = store.ClaimRequest(
