@@ -7,9 +7,9 @@
 -- each of their statements takes a new snapshot (READ COMMITTED): claim_rows' is taken after
 -- claim_lanes' locks, so it sees every change made before them, and nobody can change what they
 -- locked until the claim commits. One statement, not two in a pipeline with BEGIN and COMMIT:
--- the same claim cost ~13% less Postgres CPU and about half the daemon's Python for a claim of
--- one row, ~5% and ~20% for a hundred (bench/README.md, "The claim in one statement"). Their
--- plans are kept by the session, as a prepared statement's are (generic in the daemon's).
+-- the daemon's Python spends half as much on a claim of one row and a sixth less on a hundred,
+-- Postgres about the same (bench/README.md, "The claim in one statement"). Their plans are kept
+-- by the session, as a prepared statement's are (generic in the daemon's).
 
 -- What a claim takes first, before the snapshot its rows are read with:
 --  * the channel row, when a limit is in force (a rate limit, a global concurrency, or a

@@ -1,0 +1,92 @@
+"""What one claim costs each party (issue 41): ``python -m bench.claim_cost``.
+
+On a scratch embedded server (or ``--pgbin``), rows of one no-op channel ready to claim, and the
+daemon's own connection (its pool: one plan per statement) running ``store.claim_work`` for
+batches of ``--batch`` rows, again and again. Per claim: the CPU its server backend spent (read
+from ``/proc``: parse, plan, executor start and end, triggers and commit, which
+``pg_stat_statements`` does not all count) and the CPU this process spent (psycopg, the rows).
+Every claim is the daemon's claim as it ships; the leases are long, so no row is claimed twice.
+
+Prints one JSON line. To compare two trees, copy this file into the other tree's ``bench/`` and
+run ``python -m bench.claim_cost`` in each (``PYTHONPATH=<tree>``), alternately, the same hour.
+
+  python -m bench.claim_cost [--batch 1 10 100] [--pgbin DIR]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from pgwork import db, store
+from pgwork.embedded import LocalServer
+
+from . import workloads as w
+
+CALLS_PER_BATCH = 2000  # rows claimed per batch size and round (at least 100 claims)
+
+
+def backend_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) the server process ``pid`` has spent."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100
+
+
+async def measure(dsn: str, batches: list[int], rounds: int) -> dict[str, Any]:
+    async with await db.connect(dsn) as c:
+        await w.migrate_with_noop(c)
+    need = sum(rounds * max(100, CALLS_PER_BATCH // b) * b + 3 * b for b in batches)
+    await w.seed_work(dsn, need)
+    pool = db.make_pool(dsn, 1, 5, plan_once=True)
+    await pool.open(wait=True)
+    out: dict[str, Any] = {}
+    try:
+        async with pool.connection() as conn:
+            pid = conn.info.backend_pid
+            for batch in batches:
+                req = store.ClaimRequest("noop", batch, 5, timedelta(hours=1), "bench")
+                for _ in range(3):  # plans made and cached first
+                    await store.claim_work(conn, req)
+                calls = rounds * max(100, CALLS_PER_BATCH // batch)
+                b0, p0 = backend_cpu(pid), time.process_time()
+                for _ in range(calls):
+                    got = await store.claim_work(conn, req)
+                    assert len(got) == batch, (len(got), batch)
+                pg, py = backend_cpu(pid) - b0, time.process_time() - p0
+                out[str(batch)] = {
+                    "calls": calls,
+                    "pg_us_per_claim": round(pg / calls * 1e6, 1),
+                    "py_us_per_claim": round(py / calls * 1e6, 1),
+                }
+    finally:
+        await pool.close()
+    return out
+
+
+async def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.claim_cost", description=__doc__)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 10, 100])
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="~2,000 rows (at least 100 claims) per round"
+    )
+    ap.add_argument("--pgbin", type=Path, help="PostgreSQL's bin directory (default: embedded)")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="pgwork-claim-cost-") as tmp:
+        srv = LocalServer(Path(tmp) / "data", a.pgbin)
+        srv.start()
+        try:
+            r = await measure(srv.dsn(), a.batch, a.rounds)
+        finally:
+            srv.stop()
+    print(json.dumps({"pgbin": str(a.pgbin or "embedded"), "claims": r}), flush=True)
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1:], backend="asyncio", backend_options={"use_uvloop": True})
