@@ -69,8 +69,8 @@ LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     RETURN QUERY
     WITH handed AS MATERIALIZED (
-        -- What pgwork.claim_lanes took, as it named it (see there): the channel's row, locked when a limit
-        -- is in force; the lanes it locked, in turn order (empty: it took none).
+        -- What pgwork.claim_lanes took (see there): the channel's row, locked when a limit is
+        -- in force; the lanes it locked, in turn order (empty: it took none).
         SELECT claim_rows.channel_locked, claim_rows.lanes
     ), gate AS MATERIALIZED (
         SELECT c.name,
@@ -102,7 +102,7 @@ BEGIN
          LIMIT claim_rows.claim_limit
     ), free_now AS MATERIALIZED (
         -- Those nobody holds appeared after claim_lanes' snapshot (their rows committed between the
-        -- two statements): locked here and left for the next claim, which sees their rows and
+        -- two steps): locked here and left for the next claim, which sees their rows and
         -- turns them (served now, unturned, such a lane would get an extra turn).
         SELECT l.source
           FROM pgwork.lane l
@@ -251,9 +251,9 @@ BEGIN
                                              claim_rows.expire_after::interval) END
           FROM judged j
          WHERE w.id = j.id
-        -- The row a worker gets (pgwork.claimed). pgwork.as_claimed is inlined and its fields taken
-        -- from the row as the plan has it: nothing is built per row that the old column list did not
-        -- (test_hot_path.py::test_the_claim_builds_no_claimed_row_per_field).
+        -- The row a worker gets (pgwork.claimed). pgwork.as_claimed is inlined and its fields
+        -- taken from the row as the plan has it: nothing is built per row that a column list
+        -- would not (test_hot_path.py::test_a_claim_runs_no_sql_function_body_of_its_own).
         RETURNING (pgwork.as_claimed(w, j.prev_status, j.recipient, j.payload, j.due_tz)).*
     ), spent AS (
         -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
