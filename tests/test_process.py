@@ -242,7 +242,7 @@ async def test_sigterm_during_a_claim_releases_what_that_claim_took(
                 got = await rows(
                     conn,
                     "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE '%%FOR NO KEY UPDATE%%' AND pid <> %s",
+                    "AND query LIKE '%%pgwork.claim_lanes(%%' AND pid <> %s",
                     (blocker.info.backend_pid,),
                 )
                 return bool(got[0]["n"])
