@@ -125,7 +125,7 @@ async def _claim_rows_plan(
     (plan,) = [
         doc["Plan"]
         for doc in plans_seen
-        if doc.get("Query Text", "").lstrip().startswith("WITH handed")
+        if doc.get("Query Text", "").lstrip().startswith("WITH gate")
     ]
     return plan
 

@@ -67,17 +67,16 @@ RETURNS SETOF pgwork.claimed
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 BEGIN
+    -- What pgwork.claim_lanes took (see there) comes as channel_locked, the channel's row,
+    -- locked when a limit is in force, and lanes, the lanes it locked, in turn order (empty: it
+    -- took none).
     RETURN QUERY
-    WITH handed AS MATERIALIZED (
-        -- What pgwork.claim_lanes took (see there): the channel's row, locked when a limit is
-        -- in force; the lanes it locked, in turn order (empty: it took none).
-        SELECT claim_rows.channel_locked, claim_rows.lanes
-    ), gate AS MATERIALIZED (
+    WITH gate AS MATERIALIZED (
         SELECT c.name,
                CASE WHEN c.paused OR c.not_before > now() THEN 0
                     -- A limit to count, and this transaction does not hold the lock (claim_lanes).
                     WHEN (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
-                         AND (SELECT h.channel_locked FROM handed h) IS DISTINCT FROM c.name THEN 0
+                         AND claim_rows.channel_locked IS DISTINCT FROM c.name THEN 0
                     ELSE greatest(0, least(
                         claim_rows.claim_limit,
                         -- least() skips NULLs: no cap, no limit from it.
@@ -97,7 +96,7 @@ BEGIN
         SELECT l.source, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
           FROM pgwork.lane l
          WHERE l.channel = claim_rows.channel AND l.turn_at <= now()
-           AND (SELECT cardinality(h.lanes) FROM handed h) = 0
+           AND cardinality(claim_rows.lanes) = 0
          ORDER BY l.turn_at, l.source
          LIMIT claim_rows.claim_limit
     ), free_now AS MATERIALIZED (
@@ -114,7 +113,7 @@ BEGIN
         -- this snapshot sees them, unlocked ("borrowed"): their rows are still taken with SKIP
         -- LOCKED, and the lanes are left for their holders to turn.
         SELECT o.source, o.n, true AS owned
-          FROM unnest((SELECT h.lanes FROM handed h)) WITH ORDINALITY AS o(source, n)
+          FROM unnest(claim_rows.lanes) WITH ORDINALITY AS o(source, n)
         UNION ALL
         SELECT d.source, row_number() OVER (ORDER BY d.n), false
           FROM due_lanes d
