@@ -7,8 +7,9 @@ from ``/proc``: parse, plan, executor start and end, triggers and commit, which
 ``pg_stat_statements`` does not all count) and the CPU this process spent (psycopg, the rows).
 Every claim is the daemon's claim as it ships; the leases are long, so no row is claimed twice.
 
-Prints one JSON line. To compare two trees, copy this file into the other tree's ``bench/`` and
-run ``python -m bench.claim_cost`` in each (``PYTHONPATH=<tree>``), alternately, the same hour.
+Prints one JSON line. To compare two trees, copy this file and ``bench/cpu.py`` (which reads the
+backend's CPU) into the other tree's ``bench/`` and run ``python -m bench.claim_cost`` in each
+(``PYTHONPATH=<tree>``), alternately, the same hour.
 
   python -m bench.claim_cost [--batch 1 10 100] [--pgbin DIR]"""
 
@@ -29,14 +30,9 @@ from pgwork import db, store
 from pgwork.embedded import LocalServer
 
 from . import workloads as w
+from .cpu import process_cpu_s
 
 CALLS_PER_BATCH = 2000  # rows claimed per batch size and round (at least 100 claims)
-
-
-def backend_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system) the server process ``pid`` has spent."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100
 
 
 async def measure(dsn: str, batches: list[int], rounds: int) -> dict[str, Any]:
@@ -55,11 +51,11 @@ async def measure(dsn: str, batches: list[int], rounds: int) -> dict[str, Any]:
                 for _ in range(3):  # plans made and cached first
                     await store.claim_work(conn, req)
                 calls = rounds * max(100, CALLS_PER_BATCH // batch)
-                b0, p0 = backend_cpu(pid), time.process_time()
+                b0, p0 = process_cpu_s(pid), time.process_time()
                 for _ in range(calls):
                     got = await store.claim_work(conn, req)
                     assert len(got) == batch, (len(got), batch)
-                pg, py = backend_cpu(pid) - b0, time.process_time() - p0
+                pg, py = process_cpu_s(pid) - b0, time.process_time() - p0
                 out[str(batch)] = {
                     "calls": calls,
                     "pg_us_per_claim": round(pg / calls * 1e6, 1),

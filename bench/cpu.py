@@ -21,6 +21,12 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[11]) + int(fields[12])
 
 
+def process_cpu_s(pid: int) -> float:
+    """Seconds of CPU (user + system) process ``pid`` has spent; 0.0 if it is gone."""
+    st = _stat(pid)
+    return st[1] / _CLK if st is not None else 0.0
+
+
 def _cpu_pressure_us() -> int:
     """Microseconds during which at least one runnable task waited for a core (the kernel's
     pressure stall information, /proc/pressure/cpu "some"); 0 where the kernel does not say."""

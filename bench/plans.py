@@ -149,6 +149,11 @@ async def nested_plans(
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         await conn.execute(sql, params)
         raise psycopg.Rollback()
+    return logged_plans(log, mark)
+
+
+def logged_plans(log: Path, mark: int) -> list[Any]:
+    """The plans auto_explain wrote to the server's ``log`` after byte ``mark``, in order."""
     decoder = json.JSONDecoder()
     docs = []
     for chunk in log.read_text()[mark:].split("LOG:  duration:")[1:]:
@@ -240,9 +245,7 @@ async def page_statements(c: psycopg.AsyncConnection[Any], log: Path) -> list[st
     )
     await c.execute("SET auto_explain.log_min_duration = -1")
     out = [f"page: {page.scanned if page else 0} reminders paged, {len(claimed)} claimed"]
-    decoder = json.JSONDecoder()
-    for chunk in log.read_text()[mark:].split("LOG:  duration:")[1:]:
-        doc, _ = decoder.raw_decode(chunk[chunk.index("{") :])
+    for doc in logged_plans(log, mark):
         total, scans = examined(doc["Plan"])
         if scans:
             text = " ".join(doc.get("Query Text", "").split())[:40]
