@@ -910,8 +910,22 @@ async def test_the_daemons_pool_plans_each_statement_once_per_connection(dsn: st
         await pool.close()
 
 
+#: Six reminders of each of two sources whose occurrences are due: one-offs, and series (daily,
+#: the send a day and a minute before tomorrow's deadline).
+DUE_NOW = {
+    "one-off": "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+    "SELECT s, 'k' || g, now() - interval '1 minute', 'test', 'r' "
+    "FROM generate_series(1, 6) g, unnest(ARRAY['a', 'b']) s",
+    "series": "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
+    "remind_before, channel, recipient) "
+    "SELECT s, 'k' || g, (now() AT TIME ZONE 'UTC') + interval '1 day', 'UTC', 'FREQ=DAILY', "
+    "'{1 day 00:01}', 'test', 'r' FROM generate_series(1, 6) g, unnest(ARRAY['a', 'b']) s",
+}
+
+
+@pytest.mark.parametrize("kind", DUE_NOW)
 async def test_a_claim_runs_no_sql_function_body_of_its_own(
-    dsn: str, conn: psycopg.AsyncConnection[Any]
+    dsn: str, conn: psycopg.AsyncConnection[Any], kind: str
 ) -> None:
     """The claim is its two steps (pgwork/sql/code/claim.sql) and nothing else. A SQL function
     PostgreSQL cannot inline (its body holds a subquery) is a plan of its own, made again on
@@ -919,12 +933,10 @@ async def test_a_claim_runs_no_sql_function_body_of_its_own(
     turned its lanes through pgwork.next_ready, and a claim of ten rows cost 1.2 ms of Postgres
     instead of 0.9. pgwork.as_claimed must stay inlined too: made PL/pgSQL or given a SET
     clause, it would be called once per field, 21 times a claimed row. Trigger functions
-    (wake_lanes, on the rows' update) aside."""
-    await conn.execute(
-        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
-        "SELECT s, 'k' || g, now() - interval '1 minute', 'test', 'r' "
-        "FROM generate_series(1, 6) g, unnest(ARRAY['a', 'b']) s"
-    )
+    (wake_lanes, on the rows' update) aside. The same for a series' occurrences: asking whether
+    one is still wanted (pgwork.series_unwanted) was a SQL function with a subquery, run as a
+    plan of its own for every row claimed: half of a rent-day claim's Postgres time."""
+    await conn.execute(DUE_NOW[kind])
     async with await db.connect(dsn) as daemon:
         await materialiser.run_once(daemon, lookahead=0, page_size=100)
         await daemon.execute("BEGIN")

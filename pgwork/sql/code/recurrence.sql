@@ -189,6 +189,15 @@ $$;
 COMMENT ON FUNCTION pgwork.recur_between(jsonb, timestamp, timestamp, timestamp) IS
     'The occurrences (local wall-clock times) of a compiled recurrence rule in [lo, hi], in order.';
 
+CREATE OR REPLACE FUNCTION pgwork.recur_has(rule jsonb, dtstart timestamp, at timestamp) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+-- Whether a compiled rule anchored at dtstart has a deadline at the local time at. A function of
+-- its own, so that an expression that asks only now and then (pgwork.series_unwanted) holds no
+-- subquery and is inlined where it is used.
+RETURN EXISTS (SELECT FROM pgwork.recur_between(rule, dtstart, at, at));
+COMMENT ON FUNCTION pgwork.recur_has(jsonb, timestamp, timestamp) IS
+    'Whether a compiled recurrence rule anchored at dtstart has a deadline at the local time at.';
+
 CREATE OR REPLACE FUNCTION pgwork.recur_upcoming(rule jsonb, dtstart timestamp, from_local timestamp, n integer)
 RETURNS SETOF timestamp LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- The first n occurrences at or after from_local, searched window by window (a window holds a
@@ -450,7 +459,7 @@ BEGIN
                     = ANY (bymonthday))
             AND (cardinality(bydaywd) = 0 OR extract(isodow FROM dtstart)::integer = ANY (bydaywd));
     ELSE
-        is_first := EXISTS (SELECT FROM pgwork.recur_between(rule, dtstart, dtstart, dtstart));
+        is_first := pgwork.recur_has(rule, dtstart, dtstart);
     END IF;
     IF NOT is_first THEN
         -- The hint's search looks 8 years ahead (29 February is at most 8 years away).

@@ -83,12 +83,15 @@ RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
 -- (cancelled); or it is no longer a series, is paused, dropped the remind_before entry, skips or
 -- ends before the deadline, or its rule no longer has it (superseded). The rule is evaluated only
 -- when it changed since the occurrence was made (made_version: the reminder's recur_version then).
+-- No subquery here (the rule is asked through pgwork.recur_has): a claim inlines this, where a
+-- SQL function with one ran as a plan of its own for every series row claimed
+-- (test_hot_path.py::test_a_claim_runs_no_sql_function_body_of_its_own).
 RETURN CASE WHEN reminder_id IS NULL THEN 'cancelled'
             WHEN recur_rule IS NULL OR paused OR deadline_local IS NULL OR NOT occurrence = ANY (remind_before)
                  OR deadline_local = ANY (coalesce(recur_skip, '{}')) OR deadline_local > recur_until
                 THEN 'superseded'
             WHEN made_version IS DISTINCT FROM recur_version
-                 AND NOT EXISTS (SELECT FROM pgwork.recur_between(recur_rule, due_local, deadline_local, deadline_local))
+                 AND NOT pgwork.recur_has(recur_rule, due_local, deadline_local)
                 THEN 'superseded'
        END;
 COMMENT ON FUNCTION pgwork.series_unwanted(bigint, jsonb, timestamp, boolean, timestamp[], timestamp, interval[], integer, timestamp, interval, integer) IS

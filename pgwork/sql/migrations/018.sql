@@ -1,0 +1,9 @@
+-- pgwork schema 17 -> 18. Applied by `pgwork migrate` in one transaction under its advisory lock;
+-- the result equals a fresh install (tests/test_schema.py checks that). The functions it changes
+-- live in pgwork/sql/code/, applied by migrate after this file.
+--
+-- What changes (issue 41: Postgres CPU per delivery): whether a series' occurrence is still
+-- wanted (pgwork.series_unwanted, asked by every claim of one) holds no subquery any more, so a
+-- claim inlines it: it ran as a plan of its own for every series row claimed. It asks the rule
+-- through pgwork.recur_has (new), only when the rule changed since the row was made.
+-- No table is changed; nothing an app runs waits on this step.
