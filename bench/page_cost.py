@@ -5,7 +5,8 @@ nested statements), one daemon connection, the daemon's own ``run_once``:
 
 - ``idle``: the idle path's page. An app inserts one reminder due now; one pass makes its row
   and claims it in the page (a channel with room, as an idle daemon asks). Per pass: the wall
-  time of the pass, and the page statement's time in the server.
+  time of the pass, the page statement's time in the server, and the CPU of the daemon
+  connection's server process (read from ``/proc``; it includes starting the page's plan).
 - ``rent``: rent day's making. N monthly series (Berlin, one instant two hours ahead) made by
   one pass (page size 1,000, the default). Per series: the pass's wall time, and the server time
   of the page and of the series function inside it.
@@ -30,6 +31,8 @@ import psycopg
 from pgwork import db, store
 from pgwork.duties import materialise
 from pgwork.embedded import LocalServer
+
+from .cpu import process_cpu_s
 
 SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
 
@@ -72,9 +75,12 @@ async def idle(dsn: str, app: psycopg.AsyncConnection[Any], passes: int) -> dict
     room = _Room()
     walls: list[float] = []
     async with await db.connect(dsn) as daemon:
+        backend = daemon.info.backend_pid
+        cpu0 = 0.0
         for i in range(passes + 50):  # the first 50 warm the session (plans, caches)
             if i == 50:
                 await app.execute("SELECT pg_stat_statements_reset()")
+                cpu0 = process_cpu_s(backend)
             await app.execute(
                 "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient)"
                 " VALUES ('idle', %s, now(), 'noop', 'r')",
@@ -84,11 +90,15 @@ async def idle(dsn: str, app: psycopg.AsyncConnection[Any], passes: int) -> dict
             await materialise.run_once(daemon, lookahead=300, page_size=100, claimers=[room])
             if i >= 50:
                 walls.append((time.perf_counter() - t0) * 1e6)
+        cpu = process_cpu_s(backend) - cpu0
     assert room.claimed == passes + 50, "every reminder is claimed by the page that makes it"
     return {
         "passes": passes,
         "pass_wall_us_p50": round(statistics.median(walls), 1),
         "page_server_us": await _server_us(app, PAGE, passes),
+        # The daemon's backend, whole: pg_stat_statements does not time starting and ending
+        # the page's plan (tick-grained: a few hundred passes make it exact to a few %).
+        "backend_cpu_us": round(cpu / passes * 1e6, 1),
     }
 
 

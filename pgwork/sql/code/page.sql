@@ -188,20 +188,26 @@ BEGIN
           JOIN nxt n ON n.id = d.id
          WHERE r.ctid = d.row_ctid
     ), figures AS (
-        SELECT (SELECT p.cutoff FROM params p) AS cutoff,
-               (SELECT count(*) FROM due) AS scanned,
-               (SELECT count(*) FROM made) + (SELECT coalesce(sum(s.made), 0) FROM series s)::bigint AS made,
-               (SELECT count(*) FROM made m WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed'))
-                 + (SELECT coalesce(sum(s.made_due), 0) FROM series s)::bigint AS made_due,
-               (SELECT count(*) FROM made m WHERE m.status = 'expired')
-                 + (SELECT coalesce(sum(s.skipped), 0) FROM series s)::bigint AS skipped,
+        -- One aggregate over each of made, series and due (each scalar subquery over a CTE was
+        -- nodes of its own for every page to start and end).
+        SELECT p.cutoff, c.scanned,
+               m.made + s.made AS made, m.made_due + s.made_due AS made_due, m.skipped + s.skipped AS skipped,
                (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
-                                       WHERE EXISTS (SELECT 1 FROM made m WHERE m.status = 'ready')
-                                          OR EXISTS (SELECT 1 FROM series s WHERE s.made_ready > 0)) AS n) AS notified,
-               least((SELECT min(m.due_at) FROM made m), (SELECT min(s.earliest_made) FROM series s)) AS earliest_made,
-               l.next_fire_at AS last_at, l.id AS last_id,
-               (SELECT count(*) FROM series s WHERE s.unfinished) AS unfinished
-          FROM (SELECT 1) AS one
+                                       WHERE m.ready OR s.ready) AS n) AS notified,
+               least(m.earliest, s.earliest) AS earliest_made,
+               l.next_fire_at AS last_at, l.id AS last_id, s.unfinished
+          FROM params p
+         CROSS JOIN (SELECT count(*) AS made,
+                            count(*) FILTER (WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
+                            count(*) FILTER (WHERE m.status = 'expired') AS skipped,
+                            coalesce(bool_or(m.status = 'ready'), false) AS ready,
+                            min(m.due_at) AS earliest
+                       FROM made m) AS m
+         CROSS JOIN (SELECT coalesce(sum(s.made), 0)::bigint AS made, coalesce(sum(s.made_due), 0)::bigint AS made_due,
+                            coalesce(sum(s.skipped), 0)::bigint AS skipped, coalesce(bool_or(s.made_ready > 0), false) AS ready,
+                            min(s.earliest_made) AS earliest, count(*) FILTER (WHERE s.unfinished) AS unfinished
+                       FROM series s) AS s
+         CROSS JOIN (SELECT count(*) AS scanned FROM due) AS c
           LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
     ), claimed AS (
         -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
