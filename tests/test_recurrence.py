@@ -157,6 +157,36 @@ async def test_until_and_count_end_a_series(conn: psycopg.AsyncConnection[Any]) 
     assert (await cur.fetchone()) == ("2027-12-29T08:30:00",)
 
 
+@pytest.mark.parametrize(
+    ("recur", "first", "density", "times"),
+    [
+        ("FREQ=MONTHLY", "2027-01-01 09:00", 1 / 28, 1),
+        ("FREQ=DAILY;BYHOUR=9,17", "2027-01-01 09:00", 2, 2),
+        ("FREQ=DAILY;BYHOUR=9;BYMINUTE=0,15,30,45", "2027-01-01 09:00", 4, 4),
+        ("FREQ=WEEKLY;INTERVAL=2;BYDAY=MO,WE", "2027-01-04 09:00", 2 / 14, 1),
+        ("FREQ=MONTHLY;BYDAY=MO", "2027-01-04 09:00", 5 / 28, 1),  # every Monday: up to 5
+        ("FREQ=MONTHLY;BYDAY=1MO,-1FR", "2027-01-04 09:00", 2 / 28, 1),
+        ("FREQ=MONTHLY;BYDAY=MO,TU,WE,TH,FR;BYSETPOS=-1", "2027-01-29 09:00", 1 / 28, 1),
+        ("FREQ=YEARLY;BYMONTH=1,7;BYMONTHDAY=1", "2027-01-01 09:00", 2 / 365, 1),
+    ],
+)
+async def test_a_compiled_rule_carries_its_density_and_times_of_day(
+    recur: str, first: str, density: float, times: int, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """What the materialiser's page budgets a series by is stored when its rule is compiled, and
+    is what pgwork.recur_density works out for a rule compiled before schema 19 (none stored)."""
+    cur = await conn.execute(
+        "SELECT (r->>'density')::float8, (r->>'times')::integer, pgwork.recur_density(r - 'density'),"
+        " pgwork.recur_times(r - 'times') FROM pgwork.recur_compile(%s, %s, 'UTC') AS r",
+        (recur, first),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    stored, stored_times, worked_out, worked_out_times = row
+    assert stored == pytest.approx(density) and worked_out == stored
+    assert stored_times == times and worked_out_times == times
+
+
 async def test_a_series_keeps_its_time_of_day_and_interval(
     conn: psycopg.AsyncConnection[Any],
 ) -> None:

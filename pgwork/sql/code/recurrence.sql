@@ -429,7 +429,8 @@ COMMENT ON FUNCTION pgwork.recur_rule(text, timestamp, text) IS
 CREATE OR REPLACE FUNCTION pgwork.recur_compile(recur text, dtstart timestamp, tz text) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- pgwork.recur_rule, and then: the first deadline must be one of the rule's occurrences, and
--- COUNT becomes until, the rule's last occurrence (so no evaluation ever counts from the start).
+-- COUNT becomes until, the rule's last occurrence (so no evaluation ever counts from the start);
+-- the rule carries its density and times of day (recur_density, recur_times) for the page.
 DECLARE
     rule       jsonb := pgwork.recur_rule(recur, dtstart, tz);
     cnt        integer := (rule->>'count')::integer;
@@ -482,7 +483,8 @@ BEGIN
         END IF;
         rule := rule || jsonb_build_object('until', until);
     END IF;
-    RETURN rule;
+    -- What the materialiser's page budgets the series by, worked out once here.
+    RETURN rule || jsonb_build_object('density', pgwork.recur_density(rule), 'times', pgwork.recur_times(rule));
 END
 $$;
 COMMENT ON FUNCTION pgwork.recur_compile(text, timestamp, text) IS
@@ -528,26 +530,35 @@ $$;
 COMMENT ON FUNCTION pgwork.recur_preview(text, timestamp, text, integer) IS
     'The first n deadlines (local, and as instants) of a recurring series from its first deadline.';
 
+-- How many times of day a compiled rule has (its hours x its minutes).
+CREATE OR REPLACE FUNCTION pgwork.recur_times(rule jsonb) RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN cardinality(pgwork.recur_list(rule, 'byhour')) * cardinality(pgwork.recur_list(rule, 'byminute'));
+COMMENT ON FUNCTION pgwork.recur_times(jsonb) IS
+    'How many times of day a compiled recurrence rule has.';
+
 -- At most how many deadlines a compiled rule has a day, averaged over its period: an upper bound
 -- from its parts (days a period may match x times of day, at most BYSETPOS's count a period),
--- which the materialiser's page budgets a series' work by.
+-- which the materialiser's page budgets a series' work by. pgwork.recur_compile stores it in the
+-- rule (density, with times: its times of day), so a page reads it instead of working it out.
+-- Written with expressions only (an ordinal BYDAY counts 1, an every-week one 5), so the planner
+-- inlines it where a rule compiled before schema 19 has none stored.
 CREATE OR REPLACE FUNCTION pgwork.recur_density(rule jsonb) RETURNS float8
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN (SELECT least(d.days * cardinality(pgwork.recur_list(rule, 'byhour'))
-                            * cardinality(pgwork.recur_list(rule, 'byminute')),
-                     coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bysetpos')), 0), 2147483647))::float8
-               / (d.period * (rule->>'interval')::integer)
-          FROM (SELECT CASE rule->>'freq' WHEN 'DAILY' THEN 1 WHEN 'WEEKLY' THEN 7 WHEN 'MONTHLY' THEN 28 ELSE 365 END
-                         AS period,
-                       CASE rule->>'freq'
-                            WHEN 'DAILY' THEN 1
-                            WHEN 'WEEKLY' THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bydaywd')), 0), 7)
-                            ELSE CASE WHEN rule->>'freq' = 'YEARLY'
-                                      THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonth')), 0), 12)
-                                      ELSE 1 END
-                                 * least(coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonthday')), 0), 31),
-                                         coalesce((SELECT nullif(sum(CASE WHEN n = 0 THEN 5 ELSE 1 END), 0)
-                                                     FROM unnest(pgwork.recur_list(rule, 'bydayn')) AS n), 31))
-                       END AS days) AS d);
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN least(CASE rule->>'freq'
+                  WHEN 'DAILY' THEN 1
+                  WHEN 'WEEKLY' THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bydaywd')), 0), 7)
+                  ELSE CASE WHEN rule->>'freq' = 'YEARLY'
+                            THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonth')), 0), 12)
+                            ELSE 1 END
+                       * least(coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonthday')), 0), 31),
+                               coalesce(nullif(5 * cardinality(pgwork.recur_list(rule, 'bydayn'))
+                                               - 4 * cardinality(array_remove(pgwork.recur_list(rule, 'bydayn'), 0)), 0),
+                                        31))
+             END
+             * pgwork.recur_times(rule),
+             coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bysetpos')), 0), 2147483647))::float8
+       / (CASE rule->>'freq' WHEN 'DAILY' THEN 1 WHEN 'WEEKLY' THEN 7 WHEN 'MONTHLY' THEN 28 ELSE 365 END
+          * (rule->>'interval')::integer);
 COMMENT ON FUNCTION pgwork.recur_density(jsonb) IS
     'At most how many deadlines a compiled recurrence rule has a day (averaged over its period).';

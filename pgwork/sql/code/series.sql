@@ -80,17 +80,13 @@ BEGIN
                (r.recur_rule->>'interval')::integer
                  * CASE r.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
                                               WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS span,
-               greatest(16, materialise_series.budget / cardinality(materialise_series.ids))::float8 AS share
+               greatest(16, materialise_series.budget / cardinality(materialise_series.ids))::float8 AS share,
+               -- Stored by recur_compile; worked out here for a rule compiled before schema 19.
+               coalesce((r.recur_rule->>'density')::float8, pgwork.recur_density(r.recur_rule)) AS density,
+               coalesce((r.recur_rule->>'times')::integer, pgwork.recur_times(r.recur_rule)) AS times
           FROM pgwork.reminder r
           LEFT JOIN pgwork.channel ch ON ch.name = r.channel
          WHERE r.id = ANY (materialise_series.ids) AND r.recur_rule IS NOT NULL
-    ), rules AS MATERIALIZED (
-        -- Per distinct rule (a page of rent series has one): its deadlines a day at most, and its
-        -- times of day.
-        SELECT x.recur_rule, pgwork.recur_density(x.recur_rule) AS density,
-               cardinality(pgwork.recur_list(x.recur_rule, 'byhour'))
-                 * cardinality(pgwork.recur_list(x.recur_rule, 'byminute')) AS times
-          FROM (SELECT DISTINCT d.recur_rule FROM due d) AS x
     ), reach AS MATERIALIZED (
         -- How far in fire time this page goes for a series (upto): to the cutoff, or as far as
         -- its share of sends reaches at the rule's density, when that is short of the cutoff.
@@ -101,14 +97,13 @@ BEGIN
         -- if it has one every period), two days for a rule with many times a day.
         SELECT d.*, s.step, d.next_fire_at + s.step < d.cutoff AS unfinished,
                least(d.cutoff, d.next_fire_at + s.step) AS upto,
-               least(d.span, greatest(interval '2 days', make_interval(days => 1440 / u.times))) AS probe,
+               least(d.span, greatest(interval '2 days', make_interval(days => 1440 / d.times))) AS probe,
                CASE WHEN d.catch_up = 'latest' AND d.next_fire_at < d.planned_at
                     THEN pgwork.series_latest_missed(d.recur_rule, d.due_local, d.due_tz, d.remind_before,
                                                      d.recur_skip, d.recur_until, d.series_from, d.planned_at)
                END AS latest_missed
           FROM due d
-          JOIN rules u ON u.recur_rule = d.recur_rule
-         CROSS JOIN LATERAL (SELECT make_interval(secs => 86400.0 * d.share / u.density) AS one) AS o
+         CROSS JOIN LATERAL (SELECT make_interval(secs => 86400.0 * d.share / d.density) AS one) AS o
          CROSS JOIN LATERAL (
                SELECT CASE WHEN d.next_fire_at + o.one / cardinality(d.remind_before) >= d.cutoff
                            THEN o.one  -- not short of the cutoff, whichever entries count

@@ -1,0 +1,10 @@
+-- pgwork schema 18 -> 19. Applied by `pgwork migrate` in one transaction under its advisory lock;
+-- the result equals a fresh install (tests/test_schema.py checks that). The functions it changes
+-- live in pgwork/sql/code/, applied by migrate after this file.
+--
+-- What changes (issue 39: the rent-day crunch): a compiled recurrence rule carries its density
+-- and times of day (pgwork.recur_compile stores them; pgwork.recur_times is new), so the
+-- materialiser's page reads them instead of working them out per distinct rule. Rules compiled
+-- before this version are not rewritten: the page works theirs out (recur_density is inlined
+-- now), and the next edit of such a series stores them.
+-- No table is changed; nothing an app runs waits on this step.
