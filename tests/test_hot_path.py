@@ -353,6 +353,143 @@ async def test_outcomes_leases_and_releases_read_only_the_rows_they_name(
     assert all(n <= 3 * len(mine) for counts in read.values() for n in counts), read
 
 
+async def test_a_daemon_planned_on_an_empty_table_reads_its_rows_by_key(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A daemon's session plans each statement once (db.PLAN_ONCE), and a daemon started on an
+    empty renewal_work (a fresh install; rent day's daemons, idle until the crunch) keeps plans
+    made for an empty table. The claim's read its candidates, and updated them, by a sequential
+    scan of the whole table: every claim read every row the pages had made since (on rent day,
+    12.9 ms a claim during the crunch, 306 claims while 100,000 rows were made, instead of ~0.3).
+    The claim and the statements that settle its rows read them by key, however they were
+    planned."""
+    await conn.execute("ALTER TABLE pgwork.renewal_work SET (autovacuum_enabled = off)")
+    await conn.execute("VACUUM ANALYZE pgwork.renewal_work")  # the statistics say: empty
+    pool = db.make_pool(dsn, 1, 5, plan_once=True)
+    await pool.open(wait=True)
+    read: dict[str, int] = {}
+    try:
+        async with pool.connection() as daemon:
+
+            async def seq_read() -> int:
+                (got,) = await rows(
+                    daemon,
+                    "SELECT pg_stat_get_xact_tuples_returned('pgwork.renewal_work'::regclass) AS n",
+                )
+                return int(got["n"])
+
+            for _ in range(3):  # each planned while the table is empty
+                assert await store.claim_work(daemon, request()) == []
+                await store.record_outcomes(daemon, outcomes="[]", daemon_id="d1", host="h", pid=1)
+                await store.extend_leases(
+                    daemon, work_id=[], lease_no=[], lease=timedelta(seconds=60)
+                )
+                await store.release_leases(
+                    daemon, work_id=[], lease_no=[], daemon_id="d1", host="h", pid=1
+                )
+            await conn.execute(
+                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+                "SELECT 's', 'k' || g, now() + CASE WHEN g <= 20 THEN interval '-1 minute' "
+                "ELSE interval '1 hour' END, 'test', 'r' FROM generate_series(1, 3000) g"
+            )
+            async with await db.connect(dsn) as other:
+                made = await materialiser.run_once(other, lookahead=7200, page_size=5000)
+            assert made is not None and made.made == 3000
+            async with daemon.transaction():
+                mine = await store.claim_work(daemon, request(limit=10))
+                read["claim_work"] = await seq_read()
+            assert len(mine) == 10
+            ids, leases = [r.id for r in mine], [r.lease for r in mine]
+            outcomes = "[" + ",".join(
+                Record(r.id, r.lease, r.attempts, "test", "delivered", "delivered", None, 0.0, 0.0)
+                .json_text(0.0) for r in mine
+            ) + "]"  # fmt: skip
+            settle: dict[str, Any] = {
+                "record_outcomes": partial(
+                    store.record_outcomes, outcomes=outcomes, daemon_id="d1", host="h", pid=1
+                ),
+                "extend_leases": partial(
+                    store.extend_leases, work_id=ids, lease_no=leases, lease=timedelta(seconds=60)
+                ),
+                "release_leases": partial(
+                    store.release_leases,
+                    work_id=ids,
+                    lease_no=leases,
+                    daemon_id="d1",
+                    host="h",
+                    pid=1,
+                ),
+            }
+            for name, call in settle.items():
+                async with daemon.transaction():
+                    got = await call(daemon)
+                    # Every outcome applied (none returned); every lease extended or released.
+                    assert len(got) == (0 if name == "record_outcomes" else 10), (name, got)
+                    read[name] = await seq_read()
+                    raise psycopg.Rollback()
+    finally:
+        await pool.close()
+    # Ten rows claimed and settled: read by key, never the 3,000 made.
+    assert all(n <= 100 for n in read.values()), read
+
+
+async def test_a_page_planned_on_empty_tables_reads_by_key(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The materialiser's page and the claim keep the plans they make in a session, in any
+    session: behind PgBouncer too, where the daemon's session settings (db.PLAN_ONCE) are not
+    sent. A page planned while the tables were empty advanced its reminders by a sequential scan
+    of all of them (bench.plans: 80,253 reminders read to page 3), and a claim read its
+    candidates by a scan of every work row. Both read by key, however they were planned."""
+    for table in ("reminder", "renewal_work"):
+        await conn.execute(f"ALTER TABLE pgwork.{table} SET (autovacuum_enabled = off)")
+    await conn.execute("VACUUM ANALYZE pgwork.reminder, pgwork.renewal_work")  # both empty
+    params: dict[str, Any] = {
+        "coordinate": True, "cutoff": None, "lookahead": timedelta(minutes=1), "after_at": None,
+        "after_id": 0, "limit": 100, "origin": "d1",
+        "take": json.dumps([{"channel": "test", "room": 10, "expire_after_s": None}]),
+        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [],
+    }  # fmt: skip
+    async with await db.connect(dsn, pooled=True) as daemon:  # no session settings
+        for _ in range(6):  # planned while both tables are empty (custom ones first)
+            await daemon.execute(Q["materialise_page"], params)
+            assert await store.claim_work(daemon, request()) == []
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 's', 'k' || g, now() + CASE WHEN g <= 20 THEN interval '-1 minute' "
+            "ELSE interval '1 hour' END, 'test', 'r' FROM generate_series(1, 3000) g"
+        )
+        async with await db.connect(dsn) as other:  # the later ones made, not due yet
+            await materialiser.run_once(other, lookahead=7200, page_size=5000, cutoff=None)
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 's', 'now' || g, now(), 'test', 'r' FROM generate_series(1, 5) g"
+        )
+        read: dict[str, dict[str, Any]] = {}
+        async with daemon.transaction():
+            cur = await daemon.execute(Q["materialise_page"], params)
+            page = await cur.fetchall()
+            (got,) = await rows(
+                daemon,
+                "SELECT pg_stat_get_xact_tuples_returned('pgwork.reminder'::regclass) AS reminders,"
+                " pg_stat_get_xact_tuples_returned('pgwork.renewal_work'::regclass) AS work",
+            )
+            read["page"] = got
+            raise psycopg.Rollback()
+        async with daemon.transaction():
+            claimed = await store.claim_work(daemon, request())
+            (got,) = await rows(
+                daemon,
+                "SELECT pg_stat_get_xact_tuples_returned('pgwork.renewal_work'::regclass) AS work",
+            )
+            read["claim"] = got
+            raise psycopg.Rollback()
+    assert len(page) == 5 and page[0][2] == 5  # five made, each claimed in the page
+    assert len(claimed) == 10
+    # Five reminders paged and ten rows claimed, among 3,000 of each: read by key.
+    assert all(n <= 100 for got in read.values() for n in got.values()), read
+
+
 async def test_moving_or_deleting_a_reminder_reads_only_its_own_work_rows(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -64,7 +64,12 @@ CREATE OR REPLACE FUNCTION pgwork.claim_rows(
     channel text, claim_limit integer, max_attempts integer, lease interval, daemon_id text,
     expire_after interval, commit_mode text, channel_locked text, lanes text[])
 RETURNS SETOF pgwork.claimed
-LANGUAGE plpgsql VOLATILE AS $$
+-- Every table it reads, it reads by key (a channel by name, lanes and work rows through their
+-- indexes, candidates by id): no sequential scan, whatever the statistics say. A daemon plans
+-- this once per session, and one that did so while renewal_work was empty (a fresh install, a
+-- daemon idle before rent day) kept a plan that read and updated its candidates by scanning the
+-- whole table (test_hot_path.py::test_a_claim_reads_its_rows_by_key_whatever_the_statistics_say).
+LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
     -- What pgwork.claim_lanes took (see there) comes as channel_locked, the channel's row,

@@ -45,7 +45,12 @@
 -- flush sooner. It always runs its generic plan: with many reminders the planner judged it worse
 -- than a custom one (it cannot see the cutoff) and planned the page again on every pass, 1.4 ms
 -- of a 7 ms idle latency with a million far-future reminders; the page reads its index in key
--- order up to a LIMIT either way. Both settings are transaction-local.
+-- order up to a LIMIT either way. And it never scans a table: every row it reads, it reads by
+-- key (reminders through their index, by ctid once locked; work rows and tombstones by their
+-- keys), whatever the statistics said when its plan was made. A plan made while the tables were
+-- empty or small, and kept, advanced the page's reminders by a sequential scan of all of them
+-- on every pass (tests/test_hot_path.py::test_a_page_planned_on_empty_tables_reads_by_key).
+-- The three settings are transaction-local.
 CREATE OR REPLACE FUNCTION pgwork.materialise_page(
     coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
     after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
@@ -68,7 +73,8 @@ BEGIN
                            'pgwork''s sessions too: set it to read committed for the daemon''s role';
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
+            set_config('plan_cache_mode', 'force_generic_plan', true),
+            set_config('enable_seqscan', 'off', true);
     got := CASE WHEN materialise_page.coordinate
                 THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
                 ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END;

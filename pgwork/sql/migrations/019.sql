@@ -7,4 +7,7 @@
 -- materialiser's page reads them instead of working them out per distinct rule. Rules compiled
 -- before this version are not rewritten: the page works theirs out (recur_density is inlined
 -- now), and the next edit of such a series stores them.
+-- And the materialiser's page and the claim read by key whatever the statistics said when their
+-- plans were made (their sessions keep them): without sequential scans (issue 39: made while
+-- the tables were empty, they read every reminder, or every work row, on every call).
 -- No table is changed; nothing an app runs waits on this step.
