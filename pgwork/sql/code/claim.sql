@@ -8,7 +8,7 @@
 -- claim_lanes' locks, so it sees every change made before them, and nobody can change what they
 -- locked until the claim commits. One statement, not two in a pipeline with BEGIN and COMMIT:
 -- the daemon's Python spends half as much on a claim of one row and a sixth less on a hundred,
--- Postgres about the same (bench/README.md, "The claim in one statement"). Their plans are kept
+-- Postgres about the same (bench/HISTORY.md, "The claim in one statement"). Their plans are kept
 -- by the session, as a prepared statement's are (generic in the daemon's).
 
 -- What a claim takes first, before the snapshot its rows are read with:
