@@ -68,7 +68,7 @@ RETURNS SETOF pgwork.claimed
 -- indexes, candidates by id): no sequential scan, whatever the statistics say. A daemon plans
 -- this once per session, and one that did so while renewal_work was empty (a fresh install, a
 -- daemon idle before rent day) kept a plan that read and updated its candidates by scanning the
--- whole table (test_hot_path.py::test_a_claim_reads_its_rows_by_key_whatever_the_statistics_say).
+-- whole table (test_hot_path.py::test_a_page_planned_on_empty_tables_reads_by_key).
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN

@@ -429,8 +429,7 @@ COMMENT ON FUNCTION pgwork.recur_rule(text, timestamp, text) IS
 CREATE OR REPLACE FUNCTION pgwork.recur_compile(recur text, dtstart timestamp, tz text) RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET jit = off AS $$
 -- pgwork.recur_rule, and then: the first deadline must be one of the rule's occurrences, and
--- COUNT becomes until, the rule's last occurrence (so no evaluation ever counts from the start);
--- the rule carries its density and times of day (recur_density, recur_times) for the page.
+-- COUNT becomes until, the rule's last occurrence (so no evaluation ever counts from the start).
 DECLARE
     rule       jsonb := pgwork.recur_rule(recur, dtstart, tz);
     cnt        integer := (rule->>'count')::integer;
@@ -483,8 +482,7 @@ BEGIN
         END IF;
         rule := rule || jsonb_build_object('until', until);
     END IF;
-    -- What the materialiser's page budgets the series by, worked out once here.
-    RETURN rule || jsonb_build_object('density', pgwork.recur_density(rule), 'times', pgwork.recur_times(rule));
+    RETURN rule;
 END
 $$;
 COMMENT ON FUNCTION pgwork.recur_compile(text, timestamp, text) IS
@@ -532,32 +530,33 @@ COMMENT ON FUNCTION pgwork.recur_preview(text, timestamp, text, integer) IS
 
 -- How many times of day a compiled rule has (its hours x its minutes).
 CREATE OR REPLACE FUNCTION pgwork.recur_times(rule jsonb) RETURNS integer
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN cardinality(pgwork.recur_list(rule, 'byhour')) * cardinality(pgwork.recur_list(rule, 'byminute'));
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN jsonb_array_length(rule->'byhour') * jsonb_array_length(rule->'byminute');
 COMMENT ON FUNCTION pgwork.recur_times(jsonb) IS
     'How many times of day a compiled recurrence rule has.';
 
 -- At most how many deadlines a compiled rule has a day, averaged over its period: an upper bound
 -- from its parts (days a period may match x times of day, at most BYSETPOS's count a period),
--- which the materialiser's page budgets a series' work by. pgwork.recur_compile stores it in the
--- rule (density, with times: its times of day), so a page reads it instead of working it out.
--- Written with expressions only (an ordinal BYDAY counts 1, an every-week one 5), so the planner
--- inlines it where a rule compiled before schema 19 has none stored.
+-- which the materialiser's page budgets a series' work by. Expressions only, so the page inlines
+-- it for each series it makes (with a subquery it ran as a function of its own per call), and
+-- the rule's JSON lists are counted where they are, not made arrays first (an ordinal BYDAY
+-- counts 1, an every-week one, 0, counts 5).
 CREATE OR REPLACE FUNCTION pgwork.recur_density(rule jsonb) RETURNS float8
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN least(CASE rule->>'freq'
                   WHEN 'DAILY' THEN 1
-                  WHEN 'WEEKLY' THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bydaywd')), 0), 7)
+                  WHEN 'WEEKLY' THEN coalesce(nullif(jsonb_array_length(rule->'bydaywd'), 0), 7)
                   ELSE CASE WHEN rule->>'freq' = 'YEARLY'
-                            THEN coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonth')), 0), 12)
+                            THEN coalesce(nullif(jsonb_array_length(rule->'bymonth'), 0), 12)
                             ELSE 1 END
-                       * least(coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bymonthday')), 0), 31),
-                               coalesce(nullif(5 * cardinality(pgwork.recur_list(rule, 'bydayn'))
-                                               - 4 * cardinality(array_remove(pgwork.recur_list(rule, 'bydayn'), 0)), 0),
+                       * least(coalesce(nullif(jsonb_array_length(rule->'bymonthday'), 0), 31),
+                               coalesce(nullif(jsonb_array_length(rule->'bydayn')
+                                               + 4 * jsonb_array_length(jsonb_path_query_array(rule->'bydayn', '$[*] ? (@ == 0)')),
+                                               0),
                                         31))
              END
              * pgwork.recur_times(rule),
-             coalesce(nullif(cardinality(pgwork.recur_list(rule, 'bysetpos')), 0), 2147483647))::float8
+             coalesce(nullif(jsonb_array_length(rule->'bysetpos'), 0), 2147483647))::float8
        / (CASE rule->>'freq' WHEN 'DAILY' THEN 1 WHEN 'WEEKLY' THEN 7 WHEN 'MONTHLY' THEN 28 ELSE 365 END
           * (rule->>'interval')::integer);
 COMMENT ON FUNCTION pgwork.recur_density(jsonb) IS

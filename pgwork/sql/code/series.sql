@@ -81,9 +81,8 @@ BEGIN
                  * CASE r.recur_rule->>'freq' WHEN 'DAILY' THEN interval '2 days' WHEN 'WEEKLY' THEN interval '8 days'
                                               WHEN 'MONTHLY' THEN interval '32 days' ELSE interval '367 days' END AS span,
                greatest(16, materialise_series.budget / cardinality(materialise_series.ids))::float8 AS share,
-               -- Stored by recur_compile; worked out here for a rule compiled before schema 19.
-               coalesce((r.recur_rule->>'density')::float8, pgwork.recur_density(r.recur_rule)) AS density,
-               coalesce((r.recur_rule->>'times')::integer, pgwork.recur_times(r.recur_rule)) AS times
+               -- Its rule's deadlines a day at most, and times of day (inlined: expressions only).
+               pgwork.recur_density(r.recur_rule) AS density, pgwork.recur_times(r.recur_rule) AS times
           FROM pgwork.reminder r
           LEFT JOIN pgwork.channel ch ON ch.name = r.channel
          WHERE r.id = ANY (materialise_series.ids) AND r.recur_rule IS NOT NULL

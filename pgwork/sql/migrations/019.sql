@@ -2,12 +2,10 @@
 -- the result equals a fresh install (tests/test_schema.py checks that). The functions it changes
 -- live in pgwork/sql/code/, applied by migrate after this file.
 --
--- What changes (issue 39: the rent-day crunch): a compiled recurrence rule carries its density
--- and times of day (pgwork.recur_compile stores them; pgwork.recur_times is new), so the
--- materialiser's page reads them instead of working them out per distinct rule. Rules compiled
--- before this version are not rewritten: the page works theirs out (recur_density is inlined
--- now), and the next edit of such a series stores them.
--- And the materialiser's page and the claim read by key whatever the statistics said when their
--- plans were made (their sessions keep them): without sequential scans (issue 39: made while
--- the tables were empty, they read every reminder, or every work row, on every call).
+-- What changes (issue 39: the rent-day crunch): the materialiser's page and the claim read by
+-- key whatever the statistics said when their plans were made (their sessions keep them):
+-- without sequential scans (made while the tables were empty, they read every reminder, or
+-- every work row, on every call). And a rule's density (pgwork.recur_density) and times of day
+-- (pgwork.recur_times, new) are expressions only, inlined by the page for each series, which
+-- asked them once per distinct rule and joined them back.
 -- No table is changed; nothing an app runs waits on this step.
