@@ -353,6 +353,25 @@ async def test_outcomes_leases_and_releases_read_only_the_rows_they_name(
     assert all(n <= 3 * len(mine) for counts in read.values() for n in counts), read
 
 
+#: 3,000 reminders of one source: 20 due a minute ago, the others in an hour.
+DUE_AND_LATER = (
+    "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+    "SELECT 's', 'k' || g, now() + CASE WHEN g <= 20 THEN interval '-1 minute' "
+    "ELSE interval '1 hour' END, 'test', 'r' FROM generate_series(1, 3000) g"
+)
+
+
+async def _seq_read(conn: psycopg.AsyncConnection[Any], *tables: str) -> dict[str, int]:
+    """Rows of each pgwork table that sequential scans read in this transaction so far."""
+    got = await rows(
+        conn,
+        "SELECT t, pg_stat_get_xact_tuples_returned(('pgwork.' || t)::regclass) AS n "
+        "FROM unnest(%s::text[]) AS t",
+        (list(tables),),
+    )
+    return {r["t"]: int(r["n"]) for r in got}
+
+
 async def test_a_daemon_planned_on_an_empty_table_reads_its_rows_by_key(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -370,14 +389,6 @@ async def test_a_daemon_planned_on_an_empty_table_reads_its_rows_by_key(
     read: dict[str, int] = {}
     try:
         async with pool.connection() as daemon:
-
-            async def seq_read() -> int:
-                (got,) = await rows(
-                    daemon,
-                    "SELECT pg_stat_get_xact_tuples_returned('pgwork.renewal_work'::regclass) AS n",
-                )
-                return int(got["n"])
-
             for _ in range(3):  # each planned while the table is empty
                 assert await store.claim_work(daemon, request()) == []
                 await store.record_outcomes(daemon, outcomes="[]", daemon_id="d1", host="h", pid=1)
@@ -387,17 +398,13 @@ async def test_a_daemon_planned_on_an_empty_table_reads_its_rows_by_key(
                 await store.release_leases(
                     daemon, work_id=[], lease_no=[], daemon_id="d1", host="h", pid=1
                 )
-            await conn.execute(
-                "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
-                "SELECT 's', 'k' || g, now() + CASE WHEN g <= 20 THEN interval '-1 minute' "
-                "ELSE interval '1 hour' END, 'test', 'r' FROM generate_series(1, 3000) g"
-            )
+            await conn.execute(DUE_AND_LATER)
             async with await db.connect(dsn) as other:
                 made = await materialiser.run_once(other, lookahead=7200, page_size=5000)
             assert made is not None and made.made == 3000
             async with daemon.transaction():
                 mine = await store.claim_work(daemon, request(limit=10))
-                read["claim_work"] = await seq_read()
+                read["claim_work"] = (await _seq_read(daemon, "renewal_work"))["renewal_work"]
             assert len(mine) == 10
             ids, leases = [r.id for r in mine], [r.lease for r in mine]
             outcomes = "[" + ",".join(
@@ -425,7 +432,7 @@ async def test_a_daemon_planned_on_an_empty_table_reads_its_rows_by_key(
                     got = await call(daemon)
                     # Every outcome applied (none returned); every lease extended or released.
                     assert len(got) == (0 if name == "record_outcomes" else 10), (name, got)
-                    read[name] = await seq_read()
+                    read[name] = (await _seq_read(daemon, "renewal_work"))["renewal_work"]
                     raise psycopg.Rollback()
     finally:
         await pool.close()
@@ -454,35 +461,22 @@ async def test_a_page_planned_on_empty_tables_reads_by_key(
         for _ in range(6):  # planned while both tables are empty (custom ones first)
             await daemon.execute(Q["materialise_page"], params)
             assert await store.claim_work(daemon, request()) == []
-        await conn.execute(
-            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
-            "SELECT 's', 'k' || g, now() + CASE WHEN g <= 20 THEN interval '-1 minute' "
-            "ELSE interval '1 hour' END, 'test', 'r' FROM generate_series(1, 3000) g"
-        )
+        await conn.execute(DUE_AND_LATER)
         async with await db.connect(dsn) as other:  # the later ones made, not due yet
             await materialiser.run_once(other, lookahead=7200, page_size=5000, cutoff=None)
         await conn.execute(
             "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
             "SELECT 's', 'now' || g, now(), 'test', 'r' FROM generate_series(1, 5) g"
         )
-        read: dict[str, dict[str, Any]] = {}
+        read: dict[str, dict[str, int]] = {}
         async with daemon.transaction():
             cur = await daemon.execute(Q["materialise_page"], params)
             page = await cur.fetchall()
-            (got,) = await rows(
-                daemon,
-                "SELECT pg_stat_get_xact_tuples_returned('pgwork.reminder'::regclass) AS reminders,"
-                " pg_stat_get_xact_tuples_returned('pgwork.renewal_work'::regclass) AS work",
-            )
-            read["page"] = got
+            read["page"] = await _seq_read(daemon, "reminder", "renewal_work")
             raise psycopg.Rollback()
         async with daemon.transaction():
             claimed = await store.claim_work(daemon, request())
-            (got,) = await rows(
-                daemon,
-                "SELECT pg_stat_get_xact_tuples_returned('pgwork.renewal_work'::regclass) AS work",
-            )
-            read["claim"] = got
+            read["claim"] = await _seq_read(daemon, "renewal_work")
             raise psycopg.Rollback()
     assert len(page) == 5 and page[0][2] == 5  # five made, each claimed in the page
     assert len(claimed) == 10
