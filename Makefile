@@ -55,5 +55,6 @@ bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): chec
 	$(BIN)/python -m bench.costs --jobs 500
 	$(BIN)/python -m bench.costs --jobs 300 --webhook
 	$(BIN)/python -m bench.claim_cost --batch 1 10 --rounds 1
+	$(BIN)/python -m bench.claim_cost --batch 10 --drain 2000
 
 .PHONY: bench bench-smoke

@@ -451,6 +451,8 @@ CREATE TABLE pgwork.lane (
     channel text NOT NULL,
     source  text NOT NULL,
     turn_at timestamptz NOT NULL,
+    ready_from timestamptz NOT NULL DEFAULT '-infinity',
+    ready_from_id bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (channel, source)
 );
 CREATE INDEX lane_turn ON pgwork.lane (channel, turn_at, source);
@@ -459,6 +461,12 @@ COMMENT ON TABLE pgwork.lane IS
 COMMENT ON COLUMN pgwork.lane.turn_at IS
     'When the source is next served: its oldest ready row''s time, or when it was last served while '
     'more rows were due (the back of the line). Never later than its ready rows.';
+COMMENT ON COLUMN pgwork.lane.ready_from IS
+    'With ready_from_id, where the source''s ready rows start in work_claimable''s order: none has '
+    'an (available_at, id) below (ready_from, ready_from_id) (-infinity: not known). Its claims '
+    'read from here, past the entries the rows taken before them left behind until a vacuum. Set by '
+    'the claim that serves the lane (its next ready row), brought forward by pgwork.wake_lanes.';
+COMMENT ON COLUMN pgwork.lane.ready_from_id IS 'See ready_from.';
 
 CREATE TABLE pgwork.time_zone (
     name text PRIMARY KEY

@@ -434,6 +434,29 @@ async def test_every_way_a_row_becomes_ready_makes_it_claimable_again(
     assert row["id"] == retry["work_id"]
 
 
+async def test_a_row_ready_earlier_than_its_lane_s_next_row_is_claimed(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A claim reads a lane from its next ready row on (pgwork.lane.ready_from), not from the
+    start of the lane's entries. A row made ready later but available earlier (a reminder
+    written late, its deadline already an hour past) brings that forward: it is claimed, first,
+    by the lane's next claim."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 's', 'k' || g, now() - interval '1 hour' + g * interval '1 second', 'test', 'r' "
+        "FROM generate_series(1, 10) g"
+    )
+    await materialise(dsn)
+    assert [r["business_key"] for r in await claim(dsn, limit=5)] == [f"k{g}" for g in range(1, 6)]
+    (lane,) = await rows(conn, "SELECT ready_from, turn_at FROM pgwork.lane")
+    await add(conn, "late", "now() - interval '2 hours'", source="s")
+    await materialise(dsn)
+    (moved,) = await rows(conn, "SELECT ready_from, turn_at FROM pgwork.lane")
+    assert moved["ready_from"] < lane["ready_from"]
+    got = [r["business_key"] for r in await claim(dsn, limit=100)]
+    assert got == ["late"] + [f"k{g}" for g in range(6, 11)]
+
+
 async def test_lanes_that_appear_between_a_claims_statements_wait_for_the_next_claim(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

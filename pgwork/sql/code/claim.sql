@@ -98,7 +98,7 @@ BEGIN
          WHERE c.name = claim_rows.channel
     ), due_lanes AS MATERIALIZED (
         -- claim_lanes took no lane: the due lanes as this snapshot sees them, in turn order.
-        SELECT l.source, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
+        SELECT l.source, l.ready_from, l.ready_from_id, row_number() OVER (ORDER BY l.turn_at, l.source) AS n
           FROM pgwork.lane l
          WHERE l.channel = claim_rows.channel AND l.turn_at <= now()
            AND cardinality(claim_rows.lanes) = 0
@@ -117,10 +117,14 @@ BEGIN
         -- hold every lane whose turn has come (several daemons on one busy source), those lanes as
         -- this snapshot sees them, unlocked ("borrowed"): their rows are still taken with SKIP
         -- LOCKED, and the lanes are left for their holders to turn.
-        SELECT o.source, o.n, true AS owned
+        -- Each with where its ready rows start (pgwork.lane.ready_from): no row this snapshot
+        -- sees ready comes before (a statement that made one ready brought it forward before
+        -- committing, waiting for the lane's holder if need be).
+        SELECT o.source, o.n, true AS owned, l.ready_from, l.ready_from_id
           FROM unnest(claim_rows.lanes) WITH ORDINALITY AS o(source, n)
+          JOIN pgwork.lane l ON l.channel = claim_rows.channel AND l.source = o.source
         UNION ALL
-        SELECT d.source, row_number() OVER (ORDER BY d.n), false
+        SELECT d.source, row_number() OVER (ORDER BY d.n), false, d.ready_from, d.ready_from_id
           FROM due_lanes d
          WHERE d.source NOT IN (SELECT f.source FROM free_now f)
     ), reclaim AS MATERIALIZED (
@@ -142,7 +146,8 @@ BEGIN
           FROM (SELECT greatest(0, coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
                                    - (SELECT count(*) FROM reclaim))::int AS budget) AS b
     ), served AS MATERIALIZED (
-        SELECT l.source, l.n, l.owned FROM lanes l WHERE l.n <= (SELECT served FROM share)
+        SELECT l.source, l.n, l.owned, l.ready_from, l.ready_from_id
+          FROM lanes l WHERE l.n <= (SELECT served FROM share)
     ), head AS MATERIALIZED (
         SELECT h.id, h.source, h.available_at, s.n
           FROM served s
@@ -151,6 +156,7 @@ BEGIN
                  FROM pgwork.renewal_work w
                 WHERE w.channel = claim_rows.channel AND w.source = s.source
                   AND w.status = 'ready' AND w.available_at <= now()
+                  AND (w.available_at, w.id) >= (s.ready_from, s.ready_from_id)
                 ORDER BY w.available_at, w.id
                 LIMIT (SELECT each FROM share)
                   FOR UPDATE SKIP LOCKED) AS h
@@ -190,27 +196,31 @@ BEGIN
          ORDER BY x.round, x.n, x.available_at, x.id
          LIMIT coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
     ), turn AS MATERIALIZED (
-        -- Each served lane this claim holds: when its next ready row (past what this claim takes)
-        -- is due. Read by this statement's snapshot, taken after claim_lanes' lock: a row made
-        -- ready since then waits on that lock to wake its lane (pgwork.wake_lanes). A subquery of
-        -- this plan, not a SQL function: one with a subquery is never inlined, and PostgreSQL 15
-        -- planned its body again on every claim (test_hot_path.py::
+        -- Each served lane this claim holds: its next ready row (past what this claim takes).
+        -- Read by this statement's snapshot, taken after claim_lanes' lock: a row made ready
+        -- since then waits on that lock to wake its lane (pgwork.wake_lanes). Part of this plan,
+        -- not a SQL function: one with a subquery is never inlined, and PostgreSQL 15 planned its
+        -- body again on every claim (test_hot_path.py::
         -- test_a_claim_runs_no_sql_function_body_of_its_own).
-        SELECT s.source,
-               (SELECT w.available_at FROM pgwork.renewal_work w
-                 WHERE w.channel = claim_rows.channel AND w.source = s.source AND w.status = 'ready'
-                   AND NOT w.id = ANY (coalesce(t.ids, '{}'))
-                 ORDER BY w.available_at, w.id
-                 LIMIT 1) AS next_at
+        SELECT s.source, n.available_at AS next_at, n.id AS next_id
           FROM served s
           LEFT JOIN (SELECT c.source, array_agg(c.id) AS ids FROM candidate c GROUP BY c.source) AS t
             ON t.source = s.source
+          LEFT JOIN LATERAL (
+               SELECT w.available_at, w.id FROM pgwork.renewal_work w
+                WHERE w.channel = claim_rows.channel AND w.source = s.source AND w.status = 'ready'
+                  AND (w.available_at, w.id) >= (s.ready_from, s.ready_from_id)
+                  AND NOT w.id = ANY (coalesce(t.ids, '{}'))
+                ORDER BY w.available_at, w.id
+                LIMIT 1) AS n ON true
          WHERE s.owned
     ), turned AS (
         -- A lane with a row still due goes to the back of the line (turn_at = now), one with a
-        -- later row waits for it ...
+        -- later row waits for it, and its next claim reads from that row on (the entries of the
+        -- rows taken here stay in work_claimable until a vacuum: read from the lane's start,
+        -- every claim of a drain walked all those of the rows taken before it) ...
         UPDATE pgwork.lane l
-           SET turn_at = greatest(t.next_at, now())
+           SET turn_at = greatest(t.next_at, now()), ready_from = t.next_at, ready_from_id = t.next_id
           FROM turn t
          WHERE t.next_at IS NOT NULL AND l.channel = claim_rows.channel AND l.source = t.source
     ), emptied AS (

@@ -47,15 +47,21 @@ BEGIN
     -- writers never wait for each other in a cycle; a claim never waits for a lane (SKIP
     -- LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a claim turning
     -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
-    INSERT INTO pgwork.lane AS l (channel, source, turn_at)
-    SELECT r.channel, r.source, min(r.available_at)
+    -- The lane's ready_from comes forward to the first of them too, in work_claimable's order
+    -- (the claim reads the lane from there).
+    INSERT INTO pgwork.lane AS l (channel, source, turn_at, ready_from, ready_from_id)
+    SELECT DISTINCT ON (r.channel, r.source) r.channel, r.source, r.available_at, r.available_at, r.id
       FROM woken r
      WHERE r.status = 'ready'
-     GROUP BY r.channel, r.source
-     ORDER BY r.channel, r.source
+     ORDER BY r.channel, r.source, r.available_at, r.id
         ON CONFLICT (channel, source) DO UPDATE
-       SET turn_at = greatest(excluded.turn_at, now())
-     WHERE l.turn_at > greatest(excluded.turn_at, now());
+       SET turn_at = least(l.turn_at, greatest(excluded.turn_at, now())),
+           ready_from = CASE WHEN (l.ready_from, l.ready_from_id) > (excluded.ready_from, excluded.ready_from_id)
+                             THEN excluded.ready_from ELSE l.ready_from END,
+           ready_from_id = CASE WHEN (l.ready_from, l.ready_from_id) > (excluded.ready_from, excluded.ready_from_id)
+                                THEN excluded.ready_from_id ELSE l.ready_from_id END
+     WHERE l.turn_at > greatest(excluded.turn_at, now())
+        OR (l.ready_from, l.ready_from_id) > (excluded.ready_from, excluded.ready_from_id);
     RETURN NULL;
 END
 $$;
