@@ -56,5 +56,6 @@ bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): chec
 	$(BIN)/python -m bench.costs --jobs 300 --webhook
 	$(BIN)/python -m bench.claim_cost --batch 1 10 --rounds 1
 	$(BIN)/python -m bench.claim_cost --batch 10 --drain 2000
+	$(BIN)/python -m bench.channel_cost --rounds 1 --n 200
 
 .PHONY: bench bench-smoke

@@ -166,6 +166,41 @@ async def test_a_redirect_is_answered_not_followed() -> None:
     assert len(srv.requests) == 1 and not followed
 
 
+async def test_a_kept_alive_connection_carries_the_next_requests() -> None:
+    """A receiver that keeps its connection open gets every request on it: the answer is read
+    to its end (its Content-Length), and the connection goes back to the client's pool. Three
+    deliveries, one connection."""
+    connections: list[int] = []
+
+    def serve(conn: socket.socket, request: bytes) -> None:
+        connections.append(1)
+        while request:
+            conn.sendall(OK_HEAD + b'Content-Length: 11\r\n\r\n{"ok":true}')
+            request = _read_request(conn)
+
+    with RawServer(serve) as srv:
+        ch = _channel(srv.url)
+        try:
+            outs = [await ch.deliver(_delivery()) for _ in range(3)]
+        finally:
+            await ch.aclose()
+    assert [type(o) for o in outs] == [Delivered] * 3, outs
+    assert all(o.receipt["body"] == {"ok": True} for o in outs if isinstance(o, Delivered))
+    assert len(connections) == 1, f"{len(connections)} connections for 3 requests"
+
+
+async def test_an_answer_that_arrives_in_pieces_is_read_whole() -> None:
+    def serve(conn: socket.socket, request: bytes) -> None:
+        conn.sendall(OK_HEAD + b'Content-Length: 19\r\n\r\n{"ok":tr')
+        time.sleep(0.2)
+        conn.sendall(b'ue,"n":123}')
+
+    with RawServer(serve) as srv:
+        out = await _deliver(_channel(srv.url))
+    assert isinstance(out, Delivered), out
+    assert out.receipt["body"] == {"ok": True, "n": 123}
+
+
 async def test_a_huge_body_is_read_only_up_to_max_response_bytes() -> None:
     body = b'{"pad":"' + b"x" * (64 << 20) + b'"}'  # 64 MiB
 
