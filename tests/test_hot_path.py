@@ -489,11 +489,12 @@ async def test_a_claim_starts_where_its_lane_s_ready_rows_start(
 ) -> None:
     """A drain's claims take the oldest ready rows of a lane, and each row taken leaves its ready
     entry behind in work_claimable until a vacuum removes it (its claimed version is a new entry,
-    later in the index). Claims that read a lane from its start walked every such entry: 40,000
-    rows into a drain claimed ten at a time, without a vacuum, a claim cost half as much again as
-    at its start. A lane knows where its ready rows start in the index's order (lane.ready_from,
-    ready_from_id: a time alone does not tell rows of one due time apart), and its claims read
-    from there: the entries of rows already taken are not read again."""
+    later in the index). Claims that read a lane from its start walked every such entry: in a
+    drain of 100,000 rows claimed ten at a time, without a vacuum, the last tenth's claims cost
+    2-3x the first's (python -m bench.claim_cost --drain). A lane knows where its ready rows
+    start in the index's order (lane.ready_from, ready_from_id: a time alone does not tell rows
+    of one due time apart), and its claims read from there: the entries of rows already taken
+    are not read again."""
     await conn.execute("ALTER TABLE pgwork.renewal_work SET (autovacuum_enabled = off)")
     await conn.execute(  # one due time for all, as a bulk insert has: ordered by id within it
         "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
