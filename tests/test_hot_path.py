@@ -1129,3 +1129,42 @@ async def test_a_claim_runs_no_sql_function_body_of_its_own(
         {"funcname": "claim_lanes", "calls": 1},
         {"funcname": "claim_rows", "calls": 1},
     ]
+
+
+async def test_a_statement_that_makes_no_row_ready_leaves_the_lanes_alone(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """pgwork.wake_lanes runs after every statement that inserts or updates work rows, and most
+    make none ready: every claim, every delivered outcome, the page that claims what it makes
+    for idle workers. Those leave it before the lanes' upsert: its plan, started and ended for
+    no row, was ~40 µs of Postgres of every claim and every outcome flush (bench/README.md,
+    issue 41). A retry makes its row ready, and wakes its lane. Seen with auto_explain, which
+    reports every statement run, those inside functions and triggers too."""
+    await conn.execute(DUE_NOW["one-off"])
+    async with await db.connect(dsn) as daemon:
+        await materialiser.run_once(daemon, lookahead=0, page_size=100)
+        reported: list[str] = []
+        daemon.add_notice_handler(lambda d: reported.append(d.message_primary or ""))
+        for setting in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_nested_statements = on",
+            "SET auto_explain.log_level = notice",
+        ):
+            await daemon.execute(setting)
+
+        def upserts() -> int:
+            n = sum("INSERT INTO pgwork.lane" in r for r in reported)
+            reported.clear()
+            return n
+
+        first, second = await store.claim_work(daemon, request(limit=2))
+        assert upserts() == 0
+        outcome = {"channel": "test", "retry_after": 0}
+        delivered = {"outcome": "delivered", "status": "delivered"}
+        for row, said in ((first, delivered), (second, {"outcome": "retry", "status": "ready"})):
+            record = {**outcome, **said, "work_id": row.id, "lease": row.lease, "attempt": 1}
+            await store.record_outcomes(
+                daemon, outcomes=json.dumps([record]), daemon_id="d", host="h", pid=1
+            )
+            assert upserts() == (said["status"] == "ready")

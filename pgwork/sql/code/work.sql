@@ -49,6 +49,11 @@ BEGIN
     -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
     -- The lane's ready_from comes forward to the first of them too, in work_claimable's order
     -- (the claim reads the lane from there).
+    -- Most statements make no row ready (every claim, delivered and dead outcomes, the page that
+    -- claims what it makes): they leave before the upsert, whose plan is not started for them.
+    IF NOT EXISTS (SELECT FROM woken r WHERE r.status = 'ready') THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO pgwork.lane AS l (channel, source, turn_at, ready_from, ready_from_id)
     SELECT DISTINCT ON (r.channel, r.source) r.channel, r.source, r.available_at, r.available_at, r.id
       FROM woken r

@@ -1,0 +1,10 @@
+-- pgwork schema 20 -> 21. Applied by `pgwork migrate` in one transaction under its advisory lock;
+-- the result equals a fresh install (tests/test_schema.py checks that). The functions it changes
+-- live in pgwork/sql/code/, applied by migrate after this file.
+--
+-- What changes (issue 41: Postgres CPU per delivery): pgwork.wake_lanes, the statement trigger
+-- that brings a lane's turn forward when rows become ready, leaves at once when its statement
+-- made none ready: every claim, every delivered or dead outcome, the page that claims what it
+-- makes. Its upsert's plan was started and ended for no row there (~35-50 microseconds of
+-- Postgres per claim on this machine).
+-- No table is changed; nothing an app runs waits on this step.
