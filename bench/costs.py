@@ -49,6 +49,24 @@ SELECT regexp_replace(left(query, 60), '\\s+', ' ', 'g') AS statement, calls, pl
 """
 
 
+async def statements(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    """This database's rows of ``pg_stat_statements``, slowest first."""
+    cur = await conn.execute(STATS)
+    names = [d.name for d in cur.description or ()]
+    return [dict(zip(names, r, strict=True)) for r in await cur.fetchall()]
+
+
+def totals(rows: list[dict[str, Any]], jobs: int) -> dict[str, float]:
+    """Execution, planning, WAL and buffers per job, of the statements the clients sent.
+
+    With ``track = all`` a statement run inside a function is counted in its own row and again
+    in its caller's: adding every row counts it twice."""
+    return {
+        k: sum(float(r[k]) for r in rows if r["toplevel"]) / jobs
+        for k in ("exec_ms", "plan_ms", "wal_bytes", "wal_records", "buffers", "dirtied")
+    }
+
+
 async def measure(
     dsn: str, jobs: int, postmaster: int | None, *, webhook: bool = False
 ) -> dict[str, Any]:
@@ -73,15 +91,8 @@ async def measure(
             receiver.terminate()
             receiver.wait(10)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-        cur = await c.execute(STATS)
-        names = [d.name for d in cur.description or ()]
-        rows = [dict(zip(names, r, strict=True)) for r in await cur.fetchall()]
-    # A statement run inside a function is counted twice with track = all: in its own
-    # row and in its caller's. The totals add the statements the clients sent.
-    per_job = {
-        k: sum(float(r[k]) for r in rows if r["toplevel"]) / jobs
-        for k in ("exec_ms", "plan_ms", "wal_bytes", "wal_records", "buffers", "dirtied")
-    }
+        rows = await statements(c)
+    per_job = totals(rows, jobs)
     return {
         "channel": "webhook" if webhook else "noop",
         "jobs": jobs,
