@@ -28,6 +28,8 @@ from bench import workloads as w
 from pgwork import db
 from pgwork.embedded import LocalServer
 
+# bench.costs has the same settings and a reading of its own, but an older tree's bench/ (the one
+# importable when this file measures that tree) may not: this file carries what it uses.
 SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
     "pg_stat_statements.track": "all",
