@@ -349,10 +349,12 @@ class NextFire:
     at: datetime | None
     id: int | None
     after_cutoff_s: float | None
+    #: The earliest occurrence of the reminders set aside (None: none due at all).
+    aside_at: datetime | None = None
 
 
-async def next_fire_at(conn: Conn, *, cutoff: datetime) -> NextFire:
-    return await _one(conn, "next_fire_at", NextFire, {"cutoff": cutoff})
+async def next_fire_at(conn: Conn, *, cutoff: datetime, aside: Sequence[int] = ()) -> NextFire:
+    return await _one(conn, "next_fire_at", NextFire, {"cutoff": cutoff, "aside": list(aside)})
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,56 @@ async def _around_the_triggers(app: psycopg.AsyncConnection[Any], dsn: str) -> N
     await app.execute("RESET session_replication_role")
 
 
+async def _one_send_twice(app: psycopg.AsyncConnection[Any], dsn: str) -> None:
+    """A row no trigger checked whose ``remind_before`` names one send twice: the page's upsert
+    meets the same work row twice (a cardinality violation, not a data error)."""
+    await app.execute("SET session_replication_role = replica")
+    await app.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, channel, "
+        "recipient) VALUES ('noisy', 'twice', now(), '{0, 00:00:00}', 'test', 'r')"
+    )
+    await app.execute("RESET session_replication_role")
+
+
+#: A page may fail on one row with an error of any class a statement can raise (a function that
+#: refuses a value, a constraint, a RAISE, a statement timeout, a limit of the server, a row the
+#: server cannot read...). The class decides, not a list of errors: one of each, raised by a
+#: trigger on the work row the poison reminder makes.
+POISON_CLASSES = {
+    "data": "22012",  # division_by_zero
+    "cardinality": "21000",
+    "constraint": "23514",  # check_violation
+    "raise": "P0001",
+    "timeout": "57014",  # query_canceled
+    "program limit": "54000",
+    "routine": "2F005",  # function executed no return statement
+    "feature": "0A000",
+    "corrupt row": "XX001",
+}
+
+
+def _poison(sqlstate: str) -> Neighbour:
+    async def neighbour(app: psycopg.AsyncConnection[Any], dsn: str) -> None:
+        await app.execute(
+            "CREATE FUNCTION pgwork.test_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"RAISE EXCEPTION 'poison row' USING ERRCODE = '{sqlstate}'; END $$"
+        )
+        await app.execute(
+            "CREATE TRIGGER test_poison BEFORE INSERT ON pgwork.renewal_work FOR EACH ROW "
+            "WHEN (NEW.business_key = 'poison') EXECUTE FUNCTION pgwork.test_poison()"
+        )
+        await app.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES ('noisy', 'poison', now(), 'test', 'r')"
+        )
+
+    return neighbour
+
+
 NEIGHBOURS: dict[str, Neighbour] = {
     "a row written around the triggers, in a zone the server does not know": _around_the_triggers,
+    "a row written around the triggers, one send twice": _one_send_twice,
+    **{f"a poison row, {kind} class": _poison(code) for kind, code in POISON_CLASSES.items()},
     "a series' zone edit, transaction held open": _held(
         "UPDATE pgwork.reminder SET due_tz = 'Asia/Kathmandu' WHERE business_key = 'series'"
     ),

@@ -397,8 +397,61 @@ async def test_a_reminder_a_page_fails_on_is_set_aside_and_the_others_are_made(
         assert aside.ids(time.monotonic()) == [bad["id"]]
         again = await materialiser.run_once(c, lookahead=0, page_size=8, aside=aside)
         assert again is not None and (again.set_aside, again.made) == (0, 0)
+        # Nothing holds a lock: no pass is said to have left a locked reminder (which would
+        # pass again every half second and export a lock wait), and nothing else is due.
+        assert not res.left_locked and not again.left_locked
+        assert again.next_fire_at is None
+        # The evidence stops short of the reminder that was not made.
+        (state,) = await rows(
+            c,
+            "SELECT m.last_cutoff < r.next_fire_at AS short FROM pgwork.materialiser_state m, "
+            "pgwork.reminder r WHERE r.business_key = 'nowhere'",
+        )
+        assert state["short"]
         # Its time is up: tried again, failed again, set aside for twice as long.
         later = time.monotonic() + materialiser.SetAside.FIRST + 1
         assert aside.ids(later) == []
         assert aside.add(bad["id"], later) == 2 * materialiser.SetAside.FIRST
     assert await count(conn) == 20
+
+
+@pytest.mark.parametrize("sqlstate", ["21000", "23514", "P0001", "57014", "54000", "XX001"])
+async def test_a_page_failing_on_one_row_sets_it_aside_whatever_the_error_class(
+    sqlstate: str, dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The class of the error decides, not a list that can miss one: a reminder whose work row
+    a trigger refuses with a cardinality violation, a constraint, a RAISE, a statement timeout,
+    a limit of the server or a corrupt row is set aside, and the others are made."""
+    for i in range(10):
+        await add(conn, f"k{i:02d}", "now() - interval '1 minute'")
+    await add(conn, "poison", "now() - interval '30 seconds'")
+    await conn.execute(
+        "CREATE FUNCTION pgwork.test_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"RAISE EXCEPTION 'poison row' USING ERRCODE = '{sqlstate}'; END $$"
+    )
+    await conn.execute(
+        "CREATE TRIGGER test_poison BEFORE INSERT ON pgwork.renewal_work FOR EACH ROW "
+        "WHEN (NEW.business_key = 'poison') EXECUTE FUNCTION pgwork.test_poison()"
+    )
+    aside = materialiser.SetAside()
+    async with await db.connect(dsn) as c:
+        res = await materialiser.run_once(c, lookahead=0, page_size=4, aside=aside)
+    assert res is not None and (res.set_aside, res.made) == (1, 10)
+    assert await count(conn) == 10
+
+
+async def test_a_page_that_fails_without_any_row_sets_nothing_aside(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A page that fails for no reminder's sake (here: the session's isolation level, refused by
+    the page with a RAISE, a class a row can cause too) fails the pass: a page of no reminder
+    fails as well, so no reminder is blamed for it."""
+    for i in range(5):
+        await add(conn, f"k{i:02d}", "now() - interval '1 minute'")
+    aside = materialiser.SetAside()
+    async with await db.connect(dsn) as c:
+        await c.execute("SET default_transaction_isolation = 'repeatable read'")
+        with pytest.raises(psycopg.errors.RaiseException):
+            await materialiser.run_once(c, lookahead=0, page_size=4, aside=aside)
+    assert aside.ids(time.monotonic()) == []
+    assert await count(conn) == 0

@@ -71,16 +71,23 @@ async def warm_pages(pool: AsyncConnectionPool[AsyncConnection[Any]], size: int)
     return warmed
 
 
-#: Errors a page may fail with because of what one reminder holds (a value a function refuses, a
-#: row that takes past the statement timeout): the page is retried in halves to find it. Not a
-#: lock or a lost connection, which are no reminder's doing.
-ONE_ROWS_DOING: tuple[type[psycopg.Error], ...] = (
-    psycopg.errors.DataError,
-    psycopg.errors.IntegrityError,
-    psycopg.errors.RaiseException,
-    psycopg.errors.QueryCanceled,
-    psycopg.errors.ProgramLimitExceeded,
-)
+#: SQLSTATE classes of errors that are no reminder's doing: the connection (08), the transaction
+#: (25, 40: a serialization failure or deadlock), a statement the server will not run (42: a
+#: privilege, an undefined object), the server's resources (53), a lock not available (55), the
+#: server's operator (57: a shutdown; not 57014, a statement timeout, which one row can cause),
+#: the server's own system (58), its configuration (F0).
+NO_ROWS_DOING = frozenset({"08", "25", "40", "42", "53", "55", "57", "58", "F0"})
+
+
+def one_rows_doing(e: BaseException) -> bool:
+    """Whether a page's error may be one reminder's doing, decided by its SQLSTATE's class, so
+    that no class of error a row can cause is missed: everything but ``NO_ROWS_DOING`` (a data
+    error, a cardinality or constraint violation, a RAISE, a statement timeout, a limit of the
+    server, a row it cannot read...). Such a page is retried in halves to find the reminder. An
+    error with no SQLSTATE (a lost connection) is nobody's row."""
+    if not isinstance(e, psycopg.DatabaseError) or e.sqlstate is None:
+        return False
+    return e.sqlstate == "57014" or e.sqlstate[:2] not in NO_ROWS_DOING
 
 
 class SetAside:
@@ -230,9 +237,11 @@ async def run_once(
     claimed by the statement that makes its work row and handed to a worker before the pass goes
     on. ``origin`` names this daemon in the page's NOTIFY.
 
-    With ``aside``, a page that fails with one of ``ONE_ROWS_DOING`` is retried in halves from
-    the same cursor down to one reminder, which is set aside for a while (logged, counted in
-    ``PassResult.set_aside``); the pass goes on without it.
+    With ``aside``, a page that fails with an error that may be one reminder's doing
+    (``one_rows_doing``) is retried in halves from the same cursor down to one reminder, which is
+    set aside for a while (logged, counted in ``PassResult.set_aside``) unless a page of no
+    reminder fails too; the pass goes on without it. A reminder set aside sets no timer and
+    holds the pass's evidence (``materialise_record_pass``) short of its occurrence.
     """
     t0 = time.monotonic()
     after_at: datetime | None = None
@@ -264,7 +273,7 @@ async def run_once(
                 c.page_claimed(req, None, p0)
             # A page that claimed may have failed for its claims: that is the caller's to
             # handle (claims in pages go off for a while); its next page claims nothing.
-            if aside is None or asked or not isinstance(e, ONE_ROWS_DOING):
+            if aside is None or asked or not one_rows_doing(e):
                 raise
             failed = True
             if limit > 1:
@@ -278,7 +287,8 @@ async def run_once(
                 after_id=after_id,
                 aside=left_out,
             )
-            if culprit is None:
+            if culprit is None or not await _page_of_none_runs(conn, coordinate, cutoff, origin):
+                # No reminder to blame, or a page of none fails too: the page, not a row.
                 raise
             wait = aside.add(culprit.id, time.monotonic())
             set_aside += 1
@@ -325,12 +335,17 @@ async def run_once(
         after_at, after_id = page.last_at, page.last_id or 0
     duration = time.monotonic() - t0
     assert cutoff is not None
-    nxt = await store.next_fire_at(conn, cutoff=cutoff)
+    left_out = aside.ids(time.monotonic()) if aside is not None else []
+    nxt = await store.next_fire_at(conn, cutoff=cutoff, aside=left_out)
     complete_to = cutoff
+    if nxt.aside_at is not None and nxt.aside_at <= complete_to:
+        # A reminder set aside is not made: the evidence stops short of it, and it sets no
+        # timer (its time to be tried again does).
+        complete_to = nxt.aside_at - timedelta(microseconds=1)
     if nxt.at is not None and nxt.after_cutoff_s is not None and nxt.after_cutoff_s <= 0:
         # A reminder was skipped (an app holds its row lock), or a series made its share and
         # has more: the evidence stops short of it.
-        complete_to = nxt.at - timedelta(microseconds=1)
+        complete_to = min(complete_to, nxt.at - timedelta(microseconds=1))
         if not unfinished:
             log.info(
                 "skipped reminders locked by another transaction; the next pass takes them",
@@ -366,6 +381,27 @@ async def run_once(
         unfinished,
         set_aside,
     )
+
+
+async def _page_of_none_runs(
+    conn: AsyncConnection[Any], coordinate: bool, cutoff: datetime | None, origin: str
+) -> bool:
+    """Whether a page of no reminder runs: one that fails too failed for no reminder's sake (a
+    function or privilege missing, the server refusing), so nothing is set aside for it."""
+    try:
+        await store.materialise_page(
+            conn,
+            coordinate=coordinate,
+            cutoff=cutoff,
+            lookahead=timedelta(0),
+            after_at=None,
+            after_id=0,
+            limit=0,
+            origin=origin,
+        )
+    except psycopg.DatabaseError:
+        return False
+    return True
 
 
 @dataclass(eq=False)
@@ -406,8 +442,10 @@ class Materialiser:
                     aside=self.aside,
                 )
         except psycopg.DatabaseError as e:
-            # Not for a lost connection (OperationalError): the pass fails either way.
-            if claimers and not isinstance(e, psycopg.OperationalError):
+            # Not for a lost connection: the pass fails either way. A statement timeout, a row's
+            # doing, turns them off like any other error a row can cause: its pass without
+            # claims finds the reminder and sets it aside.
+            if claimers and (one_rows_doing(e) or not isinstance(e, psycopg.OperationalError)):
                 self._claims_off_until = time.monotonic() + CLAIMS_OFF_AFTER_FAILURE
                 log.warning(
                     "a page with claims failed; claiming in pages is off for %.0fs: %s",

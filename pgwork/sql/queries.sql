@@ -169,15 +169,21 @@ UPDATE pgwork.materialiser_state
   FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 
 -- name: next_fire_at
--- The earliest occurrence not yet materialised, and how far it is past %(cutoff)s in seconds by
--- the database clock (the materialiser sleeps until it enters the window; at or before the
--- cutoff means a reminder was skipped because an app held its row lock).
-SELECT n.at, n.id, extract(epoch FROM n.at - %(cutoff)s::timestamptz)::float8 AS after_cutoff_s
+-- The earliest occurrence not yet materialised of a reminder not set aside, and how far it is
+-- past %(cutoff)s in seconds by the database clock (the materialiser sleeps until it enters the
+-- window; at or before the cutoff means a reminder was skipped because an app held its row lock).
+-- aside_at: the earliest of the reminders set aside (%(aside)s), where the pass's evidence stops.
+SELECT n.at, n.id, extract(epoch FROM n.at - %(cutoff)s::timestamptz)::float8 AS after_cutoff_s,
+       (SELECT min(coalesce(r.next_fire_at, r.due_at))
+          FROM pgwork.reminder r
+         WHERE r.id = ANY (%(aside)s::bigint[])
+           AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')) AS aside_at
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (
         SELECT coalesce(r.next_fire_at, r.due_at) AS at, r.id
           FROM pgwork.reminder r
-         WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+         WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+           AND NOT r.id = ANY (%(aside)s::bigint[])
          ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
          LIMIT 1) AS n ON true
 
