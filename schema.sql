@@ -17,22 +17,34 @@ COMMENT ON SCHEMA pgwork IS 'pgwork: business deadlines in, exactly one reminder
 CREATE TABLE pgwork.schema_version (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     version    integer NOT NULL CHECK (version > 0),
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    migration_requested_at timestamptz,
+    migration_requested_by text,
+    migration_requester    integer
 );
-COMMENT ON TABLE pgwork.schema_version IS 'The one schema version this database is at; pgwork refuses a newer one.';
+COMMENT ON TABLE pgwork.schema_version IS
+    'The one schema version this database is at; pgwork refuses a newer one. Only the schema''s '
+    'owner writes it (daemons read it), so that what it says of a migration is the owner''s word: '
+    '`pgwork migrate` locks this table (EXCLUSIVE, a lock no other role may take) for its '
+    'transaction, and holds the row''s migration columns while it runs.';
+COMMENT ON COLUMN pgwork.schema_version.migration_requested_at IS
+    '`pgwork migrate` asks the running daemons to step aside (set while it migrates): each stops '
+    'claiming and materialising, finishes or gives back what it holds, and exits for its supervisor '
+    'to start it again; a daemon starting meanwhile waits. Cleared by the migration''s commit. A '
+    'daemon obeys it only while the session migration_requester is alive; NOTIFY pgwork_migrate '
+    'only makes it look.';
+COMMENT ON COLUMN pgwork.schema_version.migration_requested_by IS
+    'Who migrates: host/pid of the `pgwork migrate`.';
+COMMENT ON COLUMN pgwork.schema_version.migration_requester IS
+    'The backend pid of the `pgwork migrate` that migrates, from its claim until its indexes are '
+    'built: a second migrate waits for it (without a snapshot), and a request whose session is gone '
+    'is nobody''s.';
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    retention_paused boolean NOT NULL DEFAULT false,
-    migration_requested_at timestamptz,
-    migration_requested_by text
+    retention_paused boolean NOT NULL DEFAULT false
 );
 COMMENT ON TABLE pgwork.config IS 'Settings shared by every daemon, changed at runtime.';
-COMMENT ON COLUMN pgwork.config.migration_requested_at IS
-    '`pgwork migrate` asks the running daemons to step aside (set while it migrates): each stops '
-    'claiming and materialising, finishes or gives back what it holds, and exits for its supervisor '
-    'to start it again; a daemon starting meanwhile waits. Cleared by the migration''s commit.';
-COMMENT ON COLUMN pgwork.config.migration_requested_by IS 'Who asked: host/pid of the `pgwork migrate`.';
 COMMENT ON COLUMN pgwork.config.retention_paused IS
     'Pauses every retention duty (in daemons and `pgwork cleanup`) at its next batch, without a restart: '
     '`pgwork cleanup --pause` / `--resume`.';
@@ -137,9 +149,9 @@ CREATE TABLE pgwork.reminder (
     -- A table constraint (and plain text): the materialiser's page returns it as text.
     recipient     text NOT NULL
         CONSTRAINT reminder_recipient_valid CHECK (length(recipient) BETWEEN 1 AND 1000),
-    -- The size as stored (compressed): a table constraint, as a domain would see it uncompressed.
-    payload       pgwork.reminder_payload NOT NULL DEFAULT '{}'
-        CONSTRAINT reminder_payload_at_most_64kib CHECK (pg_column_size(payload) <= 65536),
+    -- At most 64 KiB as JSON text: the trigger's rule (pgwork.reminder_check); the table
+    -- constraint reminder_payload_at_most_1mib_stored, below, bounds a row written around it.
+    payload       pgwork.reminder_payload NOT NULL DEFAULT '{}',
     next_fire_at  timestamptz,
     created_at    timestamptz NOT NULL DEFAULT now(),
     updated_at    timestamptz NOT NULL DEFAULT now(),
@@ -160,6 +172,13 @@ CREATE TABLE pgwork.reminder (
 COMMENT ON TABLE pgwork.reminder IS
     'One row per business reminder, written by other apps with plain SQL: INSERT to schedule, '
     'UPDATE due_at (or due_local/due_tz) to move, DELETE to cancel.';
+-- The stored size of a payload, the bound for a row written around the triggers (which hold a
+-- payload to 64 KiB of JSON text): measured by a table constraint before compression, the binary
+-- form of 64 KiB of JSON text is up to about four times as large (an array of small numbers).
+-- NOT VALID: checked on every write; an upgrade from schema 21 found every row within a tighter
+-- bound, so the table is not scanned for it (nor, for the same catalog, in a fresh install).
+ALTER TABLE pgwork.reminder
+    ADD CONSTRAINT reminder_payload_at_most_1mib_stored CHECK (pg_column_size(payload) <= 1048576) NOT VALID;
 COMMENT ON COLUMN pgwork.reminder.source IS 'The app or domain that owns the key, e.g. lease-renewal.';
 COMMENT ON COLUMN pgwork.reminder.business_key IS 'Stable key within source, e.g. property:7/lease:42.';
 COMMENT ON COLUMN pgwork.reminder.due_at IS

@@ -228,7 +228,9 @@ class Daemon:
             gate_changed=deliveries.gate_changed,
             origin=self.daemon_id,
             changed=heartbeat.waker,
-            migration_asked=self.step_aside,
+            # Any role may NOTIFY: the heartbeat looks at the owner's row, and steps aside
+            # only for a request that stands there.
+            migration_asked=lambda _: heartbeat.waker.wake("migrate"),
         )
         if listen_dsn is None:
             log.warning(

@@ -294,6 +294,9 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
 #: as long as its table needs.
 MIGRATE_LOCK_TIMEOUT = "2s"
 MIGRATE_ATTEMPTS = 5
+#: How long a migration's transaction waits for another's (which only another migrate, or the
+#: schema's owner by hand, can hold): past it, the attempt fails naming who holds it.
+MIGRATE_WAIT = "60s"
 
 
 #: The first schema whose daemons take part in the migration handshake (they register their
@@ -305,43 +308,94 @@ def _named(daemons: Sequence[store.LiveDaemon]) -> str:
     return ", ".join(f"{d.host}/{d.pid} (pgwork {d.version})" for d in daemons)
 
 
+#: The first schema whose request to step aside stands in the owner's row
+#: (pgwork.schema_version), claimed by the migrate's session; before it, in pgwork.config under a
+#: session advisory lock, as that version's daemons read it.
+OWNED_SINCE = 22
+#: How long `pgwork migrate` waits for another migrate (its whole run) by default, seconds.
+WAIT_FOR_OTHER = 900.0
+
+
 async def migrate(
     conn: AsyncConnection[Any],
     *,
     wait_for_old: float = 0.0,
     step_aside_within: float = 120.0,
+    wait_for_other: float = WAIT_FOR_OTHER,
     by: str | None = None,
     version: int = SCHEMA_VERSION,
     steps: Mapping[int, str] | None = None,
 ) -> str:
     """Bring the schema to ``version`` (this code's) in one transaction. Idempotent and safe to
-    run concurrently (an advisory lock serialises runs). Returns what it did.
+    run concurrently: a second migrate waits for the first (up to ``wait_for_other`` seconds,
+    naming it), then reads the version and finds nothing to do. Returns what it did.
 
     An upgrade first clears the way: daemons alive now that predate the migration handshake are
     waited for up to ``wait_for_old`` seconds, then named in the refusal; the others are asked to
-    step aside (pgwork.config.migration_requested_at, NOTIFY pgwork_migrate) and waited for up to
+    step aside (pgwork.schema_version.migration_requested_at, which only the schema's owner
+    writes, and NOTIFY pgwork_migrate, which only makes them look) and waited for up to
     ``step_aside_within`` seconds: each stops claiming, finishes or gives back its rows and exits;
     a daemon that starts meanwhile waits. The request is cleared by the migration's commit, or
     when it does not happen. A lock the migration cannot get within ``MIGRATE_LOCK_TIMEOUT`` (or
     a deadlock) rolls the attempt back; it is tried again after a pause, ``MIGRATE_ATTEMPTS``
-    times in all. ``steps``: migrations by version beyond the shipped ones (tests).
+    times in all. A committed migration is never tried again: its indexes are built after it,
+    once. ``steps``: migrations by version beyond the shipped ones (tests).
 
     :raises SchemaError: when the database is newer than the code.
-    :raises MigrateRefused: when daemons that cannot step aside run, or did not step aside.
+    :raises MigrateRefused: when daemons that cannot step aside run, or did not step aside, or
+        another migrate held the schema for longer than ``wait_for_other``.
     """
+    by = by or f"{socket.gethostname()}/{os.getpid()}"
     v = await schema_version(conn)
-    upgrade = v is not None and v < version
-    asked = upgrade and v is not None and v >= HANDSHAKE_SINCE
-    if asked:
-        await store.migration_hold(conn)
+    if v is not None and HANDSHAKE_SINCE <= v < min(OWNED_SINCE, version):
+        # The previous protocol, which the running daemons of that version read; re-read under
+        # its lock: another migrate may have moved the schema on meanwhile.
+        await store.migration_hold_legacy(conn)
+        try:
+            v = await schema_version(conn)
+            if v is not None and v < OWNED_SINCE:
+                return await _migrate_asking(
+                    conn, v, version, steps or {}, by, wait_for_old, step_aside_within, legacy=True
+                )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.migration_release_legacy(conn)
+    if v is None or v < OWNED_SINCE:
+        # No schema yet, or one before the handshake: nobody to ask.
+        return await _migrate_asking(
+            conn, v, version, steps or {}, by, wait_for_old, step_aside_within, asked=False
+        )
+    v = await _claim(conn, by, wait_for_other)
     try:
         return await _migrate_asking(
-            conn, v, version, steps or {}, asked, by, wait_for_old, step_aside_within
+            conn, v, version, steps or {}, by, wait_for_old, step_aside_within
         )
     finally:
-        if asked:
-            with anyio.CancelScope(shield=True):
-                await store.migration_release(conn)
+        with anyio.CancelScope(shield=True):
+            await store.migration_release(conn)
+
+
+async def _claim(conn: AsyncConnection[Any], by: str, within: float) -> int:
+    """Claim the schema's row for this migrate, waiting (between statements: no snapshot held)
+    for one that holds it; returns the version read under the claim."""
+    start = anyio.current_time()
+    told = ""
+    while True:
+        try:
+            v = await store.migration_claim(conn, by=by)
+        except psycopg.errors.LockNotAvailable:
+            v = None  # the other's migration transaction holds the table: it is running
+        if v is not None:
+            return v
+        holder = await store.migration_holder(conn)
+        if anyio.current_time() - start >= within:
+            raise MigrateRefused(
+                f"another `pgwork migrate` has held the schema for {within:g}s: {holder}"
+            )
+        if holder != told:
+            told = holder
+            log.warning("migrate: waiting for another `pgwork migrate`: %s", holder)
+        await anyio.sleep(0.25)
 
 
 async def _migrate_asking(
@@ -349,33 +403,39 @@ async def _migrate_asking(
     v: int | None,
     version: int,
     steps: Mapping[int, str],
-    asked: bool,
-    by: str | None,
+    by: str,
     wait_for_old: float,
     step_aside_within: float,
+    *,
+    asked: bool = True,
+    legacy: bool = False,
 ) -> str:
-    if v is not None and v < version:
-        by = by or f"{socket.gethostname()}/{os.getpid()}"
-        if asked:
-            await store.migration_request(conn, by=by)
+    asked = asked and v is not None and v < version
+    if asked:
+        await store.migration_request(conn, legacy=legacy, by=by)
         try:
             await _clear_the_way(conn, wait_for_old, step_aside_within)
         except BaseException:
-            if asked:
-                with anyio.CancelScope(shield=True):
-                    await store.migration_clear(conn)
+            with anyio.CancelScope(shield=True):
+                await store.migration_clear(conn, legacy=legacy)
             raise
+    elif v is not None and v < version:
+        await _clear_the_way(conn, wait_for_old, step_aside_within)
     pause = 0.5
     for attempt in range(1, MIGRATE_ATTEMPTS + 1):
         try:
-            said = await _migrate_once(conn, version, steps)
-            await _build_concurrently(conn, version, steps)
-            return said
+            said = await _migrate_once(conn, version, steps, legacy=legacy)
+            break
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as e:
             if attempt == MIGRATE_ATTEMPTS:
                 if asked:
-                    await store.migration_clear(conn)
-                raise
+                    await store.migration_clear(conn, legacy=legacy)
+                holders = await store.migrate_lock_holders(conn)
+                raise MigrateRefused(
+                    f"migrate: a lock was not available {MIGRATE_ATTEMPTS} times "
+                    f"({redact(str(e)).strip().splitlines()[0]}); holding pgwork's tables: "
+                    f"{holders}"
+                ) from e
             log.warning(
                 "migrate: a lock was not available, rolled back; trying again in %.1fs",
                 pause,
@@ -386,9 +446,11 @@ async def _migrate_asking(
         except BaseException:
             if asked:
                 with anyio.CancelScope(shield=True):
-                    await store.migration_clear(conn)
+                    await store.migration_clear(conn, legacy=legacy)
             raise
-    raise AssertionError("unreachable")
+    # After the commit, once: a failure here is the index's, never the migration's to retry.
+    await _build_concurrently(conn, version, steps)
+    return said
 
 
 #: A step that alters a table apps write, or what is attached to it: the legacy steps (before
@@ -469,10 +531,13 @@ async def _clear_the_way(conn: AsyncConnection[Any], wait_for_old: float, within
         await anyio.sleep(0.25)
 
 
-async def _migrate_once(conn: AsyncConnection[Any], version: int, extra: Mapping[int, str]) -> str:
+async def _migrate_once(
+    conn: AsyncConnection[Any], version: int, extra: Mapping[int, str], *, legacy: bool = False
+) -> str:
+    installed = await store.schema_installed(conn)
     async with conn.transaction():
-        await store.migrate_lock(conn)
-        # After the advisory lock: a second migrate waits for the first whatever it takes.
+        # The lock first, a LOCK statement, which holds no snapshot while it waits.
+        await store.migrate_lock(conn, installed=installed, wait=MIGRATE_WAIT)
         await store.migrate_timeouts(conn, lock_timeout=MIGRATE_LOCK_TIMEOUT)
         v = await schema_version(conn)
         if v is None:
@@ -510,5 +575,9 @@ async def _migrate_once(conn: AsyncConnection[Any], version: int, extra: Mapping
         await conn.execute(attaches)
         await store.schema_version_set(conn, version)
         # Committed with the migration: the daemons that waited see the new version at once.
-        await store.migration_clear(conn)
+        # From schema 22 on (a schema from 15 to 21 drops its request's columns in 022).
+        if version >= OWNED_SINCE:
+            await store.migration_clear(conn)
+        elif legacy:
+            await store.migration_clear(conn, legacy=True)
         return f"upgraded pgwork schema from version {v} to {version}"

@@ -149,8 +149,27 @@ async def schema_version_set(conn: Conn, version: int) -> None:
     await _exec(conn, "schema_version_set", {"version": version})
 
 
-async def migrate_lock(conn: Conn) -> None:
-    await _exec(conn, "migrate_lock")
+async def migrate_lock(conn: Conn, *, installed: bool, wait: str) -> None:
+    """The migration transaction's lock, its first statement (see migrate_lock); ``installed``:
+    whether the schema's table exists to be locked."""
+    if installed:
+        await _exec(conn, "migrate_wait", {"wait": wait})
+        await _exec(conn, "migrate_lock")
+    else:
+        await _exec(conn, "migrate_lock_install")
+
+
+async def migrate_lock_holders(conn: Conn) -> str:
+    """The sessions holding locks on pgwork's tables, as a log line names them."""
+    got = await _dicts(conn, "migrate_lock_holders", {})
+    return (
+        ", ".join(
+            f"pid {g['pid']} ({g['usename']}, {g['application_name'] or 'no application_name'}, "
+            f"{g['client_addr'] or 'local'}, {g['state']}: {g['locks']})"
+            for g in got
+        )
+        or "nobody now"
+    )
 
 
 async def migrate_timeouts(conn: Conn, *, lock_timeout: str) -> None:
@@ -518,36 +537,45 @@ async def migrate_daemons(conn: Conn) -> list[LiveDaemon]:
     return await _rows(conn, "migrate_daemons", LiveDaemon)
 
 
-async def migration_request(conn: Conn, *, by: str) -> str:
-    """Ask the running daemons to step aside (NOTIFY pgwork_migrate); returns who asks (an
-    earlier request stands)."""
-    got = await _dicts(conn, "migration_request", {"by": by})
-    return str(got[0]["migration_requested_by"])
+async def migration_request(conn: Conn, *, legacy: bool, by: str) -> None:
+    """Ask the running daemons to step aside (NOTIFY pgwork_migrate). ``legacy``: a schema from
+    15 to 21, whose daemons read the request in pgwork.config (under migration_hold_legacy);
+    otherwise this session holds the claim (``migration_claim``)."""
+    await _exec(conn, "migration_request_legacy" if legacy else "migration_request", {"by": by})
 
 
-async def migration_clear(conn: Conn) -> None:
-    await _exec(conn, "migration_clear")
+async def migration_clear(conn: Conn, *, legacy: bool = False) -> None:
+    await _exec(conn, "migration_clear_legacy" if legacy else "migration_clear")
 
 
 async def migration_pending(conn: Conn) -> str | None:
-    """Who asks the daemons to step aside now (None: nobody). A request left by a migrate that
-    ended without clearing it (killed) is cleared and is nobody's."""
+    """Who asks the daemons to step aside now (None: nobody): a request in the owner's row
+    whose migrate's session is alive (one left by a killed migrate is nobody's)."""
     got = await _dicts(conn, "migration_pending", {})
-    by = got[0]["migration_requested_by"] if got else None
-    return None if by is None else await migration_standing(conn, by)
+    return got[0]["migration_requested_by"] if got else None
 
 
-async def migration_standing(conn: Conn, by: str) -> str | None:
-    """``by`` if its migrate still holds its request; else the request is cleared and None."""
-    gone = await _dicts(conn, "migration_requester_gone", {})
-    if not gone[0]["gone"]:
-        return by
-    await _exec(conn, "migration_clear_stale", {"by": by})
-    return None
+async def migration_hold_legacy(conn: Conn) -> None:
+    await _exec(conn, "migration_hold_legacy")
 
 
-async def migration_hold(conn: Conn) -> None:
-    await _exec(conn, "migration_hold")
+async def migration_release_legacy(conn: Conn) -> None:
+    await _exec(conn, "migration_release_legacy")
+
+
+async def migration_claim(conn: Conn, *, by: str) -> int | None:
+    """Claim the schema's row for this migrate; returns the version read under its lock, or
+    None when another live migrate holds it."""
+    got = await _dicts(conn, "migration_claim", {"by": by})
+    return int(got[0]["version"]) if got else None
+
+
+async def migration_holder(conn: Conn) -> str:
+    """The migrate holding the schema's row, as a log line names it."""
+    got = await _dicts(conn, "migration_holder", {})
+    if not got or got[0]["migration_requester"] is None:
+        return "nobody"
+    return f"{got[0]['migration_requested_by']} (session pid {got[0]['migration_requester']})"
 
 
 async def migration_release(conn: Conn) -> None:

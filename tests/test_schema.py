@@ -123,7 +123,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
 
 
 @pytest.mark.parametrize(
-    "old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    "old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
 )
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
@@ -549,8 +549,9 @@ def test_every_named_statement_has_one_typed_function() -> None:
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
     # Run inside another function's transaction: batch_limits in
     # retention_delete_batch's, commit_synchronously in materialise_page's, the retire steps in
-    # channel_retire's; or one of two a function chooses (history_work); the two steps of
-    # migration_standing.
+    # channel_retire's; or one of two a function chooses (history_work, migration_request and
+    # migration_clear: the legacy protocol's or the owner's row; migrate_lock: a table or, for
+    # an install, an advisory key, after its wait bound).
     inner = {
         "batch_limits",
         "commit_synchronously",
@@ -559,8 +560,10 @@ def test_every_named_statement_has_one_typed_function() -> None:
         "channel_retire_close_work",
         "history_work_of_reminder",
         "history_work_of_key",
-        "migration_requester_gone",
-        "migration_clear_stale",
+        "migration_request_legacy",
+        "migration_clear_legacy",
+        "migrate_lock_install",
+        "migrate_wait",
     }
     assert set(Q) - inner <= bound, set(Q) - bound
     package = Path(__file__).resolve().parent.parent / "pgwork"
@@ -852,3 +855,40 @@ async def test_the_status_names_are_the_tables(conn: psycopg.AsyncConnection[Any
     )
     allowed = set(re.findall(r"'(\w+)'::text", got[0]["d"]))
     assert allowed == {s.value for s in Status}
+
+
+def _ones_payload(text_bytes: int) -> str:
+    """A payload of exactly ``text_bytes`` bytes as JSON text (as PostgreSQL writes jsonb:
+    ``{"a": [1, 1, …], "p": "xx…"}``), most of it an array of ones: the densest binary form,
+    about four times its text."""
+    ones = (text_bytes - 40) // 3
+    head = '{"a": [' + ", ".join(["1"] * ones) + '], "p": "'
+    return head + "x" * (text_bytes - len(head) - 2) + '"}'
+
+
+@pytest.mark.parametrize("how", ["insert", "update"])
+async def test_the_payload_limit_is_64_kib_of_json_text_on_both_sides(
+    conn: psycopg.AsyncConnection[Any], how: str
+) -> None:
+    """The documented limit is 64 KiB as JSON text. A table constraint measured the binary jsonb
+    before compression instead: an array of 6,000 ones (18 KB of text, 72 KB binary) was
+    refused. At 65,536 bytes of text, in the densest binary form, a payload is accepted; one
+    byte more is refused, naming the limit."""
+    at, over = _ones_payload(65536), _ones_payload(65537)
+    for text, size in ((at, 65536), (over, 65537)):
+        got = await rows(conn, "SELECT octet_length(%s::jsonb::text) AS n", (text,))
+        assert got[0]["n"] == size
+    await add(conn, "k", channel="log")
+    write = (
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient, payload) "
+        "VALUES ('s', 'big', now() + interval '1 day', 'log', 'r', %s::jsonb)"
+        if how == "insert"
+        else "UPDATE pgwork.reminder SET payload = %s::jsonb WHERE business_key = 'k'"
+    )
+    with pytest.raises(errors.CheckViolation, match=r"at most 65536 \(64 KiB\) as JSON text"):
+        await conn.execute(write, (over,))
+    await conn.execute(write, (at,))
+    got = await rows(
+        conn, "SELECT octet_length(payload::text) AS n FROM pgwork.reminder WHERE payload ? 'a'"
+    )
+    assert got == [{"n": 65536}]

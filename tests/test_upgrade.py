@@ -183,19 +183,150 @@ async def test_a_daemon_of_the_new_version_waits_for_the_migration_and_resumes(
     assert not _errors(new.lines()), _errors(new.lines())
 
 
-async def test_a_request_left_by_a_killed_migrate_is_cleared_not_obeyed(
+async def test_a_request_left_by_a_killed_migrate_is_not_obeyed(
     dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
 ) -> None:
     """A migrate killed between its request and its commit leaves the request standing: daemons
-    would wait for it for ever. Its lock is gone with it, so a daemon clears the request and runs."""
+    would wait for it for ever. Its session is gone with it, so the request is nobody's: a daemon
+    runs, and the next migrate claims the schema over it."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as gone:
+        pid = gone.info.backend_pid
     await conn.execute(
-        "UPDATE pgwork.config SET migration_requested_at = now(), "
-        "migration_requested_by = 'gone-host/4242'"
+        "UPDATE pgwork.schema_version SET migration_requested_at = now(), "
+        "migration_requested_by = 'gone-host/4242', migration_requester = %s",
+        (pid,),
+    )
+    await until(
+        lambda: _no_session(conn, pid), what="the killed migrate's session gone from the server"
     )
     with Receiver() as receiver:
         await add(conn, "k", channel="hook")
         daemon = procs(dsn, toml(channel=hook(receiver.url)))
         receiver.wait_for(1)
-    pending = await rows(conn, "SELECT migration_requested_by FROM pgwork.config")
-    assert pending == [{"migration_requested_by": None}]
+        assert daemon.proc.poll() is None
     assert not _errors(daemon.lines())
+    with anyio.fail_after(10):
+        said = await db.migrate(conn)
+    assert said == f"pgwork schema already at version {SCHEMA_VERSION}"
+    left = await rows(
+        conn, "SELECT migration_requested_at, migration_requester FROM pgwork.schema_version"
+    )
+    assert left == [{"migration_requested_at": None, "migration_requester": None}]
+
+
+async def _no_session(conn: psycopg.AsyncConnection[Any], pid: int) -> bool:
+    got = await rows(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", (pid,))
+    return bool(got[0]["n"] == 0)
+
+
+# -- issue 53: only a migration steps a daemon aside, and no app holds a migration up ----------
+
+
+def _next_step(extra: str = "") -> dict[int, str]:
+    """The next schema, a test-only step: a column, and what ``extra`` adds."""
+    return {SCHEMA_VERSION + 1: "ALTER TABLE pgwork.reminder ADD COLUMN test_only int;\n" + extra}
+
+
+async def _a_role(conn: psycopg.AsyncConnection[Any], name: str, dsn: str) -> str:
+    """A login role with no pgwork grant at all (any role of the cluster); its DSN."""
+    from psycopg.conninfo import make_conninfo
+
+    await conn.execute(f"DROP ROLE IF EXISTS {name}")
+    await conn.execute(f"CREATE ROLE {name} LOGIN")
+    return make_conninfo(dsn, user=name)
+
+
+async def test_a_notification_from_any_role_does_not_step_a_daemon_aside(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    """`NOTIFY pgwork_migrate` is open to every role of the cluster: one from a role with no
+    pgwork grant made the daemon step aside and exit 75 with no migration asked for. A daemon
+    now steps aside only for a request that stands in a row only the schema's owner can write;
+    the notification only makes it look."""
+    stranger = await _a_role(conn, "no_grant_stranger", dsn)
+    try:
+        with Receiver() as receiver:
+            daemon = procs(dsn, toml(channel=hook(receiver.url)))
+            async with await psycopg.AsyncConnection.connect(stranger, autocommit=True) as s:
+                for _ in range(3):
+                    await s.execute("NOTIFY pgwork_migrate, 'evil-host/1'")
+                    await anyio.sleep(0.5)
+            await add(conn, "after", channel="hook")
+            got = receiver.wait_for(1)
+            assert got[0].body["business_key"] == "after"
+            assert daemon.proc.poll() is None, daemon.log.read_text()[-2000:]
+        assert not [e for e in daemon.lines() if "stepping aside" in str(e.get("event"))]
+    finally:
+        await conn.execute("DROP ROLE IF EXISTS no_grant_stranger")
+
+
+async def test_an_app_holding_the_old_advisory_keys_holds_no_migration_up(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    """Migrate's locks were public advisory keys: an app session holding
+    hashtext('pgwork.migrate') made it step the daemons aside, then fail after 30 s naming no
+    one; holding the other, it waited silently. Its locks are now owned by the schema (a table
+    lock only its owner may take): the keys an app holds are nobody's business, and the
+    migration runs at once, the daemon stepping aside for it."""
+    stranger = await _a_role(conn, "key_holder", dsn)
+    try:
+        with Receiver() as receiver:
+            daemon = procs(dsn, toml(channel=hook(receiver.url)))
+            async with await psycopg.AsyncConnection.connect(stranger, autocommit=True) as s:
+                await s.execute(
+                    "SELECT pg_advisory_lock(hashtext('pgwork.migrate')), "
+                    "pg_advisory_lock(hashtext('pgwork.migration_request'))"
+                )
+                with anyio.fail_after(25):
+                    said = await db.migrate(
+                        conn, version=SCHEMA_VERSION + 1, steps=_next_step(), step_aside_within=20
+                    )
+            assert said == (
+                f"upgraded pgwork schema from version {SCHEMA_VERSION} to {SCHEMA_VERSION + 1}"
+            )
+            assert daemon.wait(30) == 75
+    finally:
+        await conn.execute("DROP ROLE IF EXISTS key_holder")
+
+
+async def test_two_migrates_at_once_serialise_and_the_second_finds_nothing_to_do(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Two `pgwork migrate` at once, the step building an index concurrently: the second waited
+    for the first's request lock inside a statement, whose snapshot the first's CREATE INDEX
+    CONCURRENTLY waited for: "deadlock detected", the committed migration tried again five times.
+    Now the second waits holding no snapshot, reads the version once the first is done, finds
+    nothing to do, and asks no daemon to step aside."""
+    from psycopg.conninfo import make_conninfo
+
+    steps = _next_step(
+        "SELECT pg_sleep(1.5);\n"
+        "-- pgwork: concurrently\n"
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS test_only_idx ON pgwork.reminder (test_only);\n"
+    )
+    told: list[str] = []
+    said: dict[str, str] = {}
+
+    async def one(name: str, delay: float) -> None:
+        await anyio.sleep(delay)
+        async with await db.connect(make_conninfo(dsn)) as c:
+            await c.set_autocommit(True)
+            said[name] = await db.migrate(c, version=SCHEMA_VERSION + 1, steps=steps)
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listen:
+        await listen.execute("LISTEN pgwork_migrate")
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "first", 0.0)
+                tg.start_soon(one, "second", 0.5)
+        async for n in listen.notifies(timeout=0.5):
+            told.append(n.payload)
+    assert said["first"] == (
+        f"upgraded pgwork schema from version {SCHEMA_VERSION} to {SCHEMA_VERSION + 1}"
+    )
+    assert said["second"] == f"pgwork schema already at version {SCHEMA_VERSION + 1}"
+    assert len(told) == 1, told  # the first asked; the second asked nobody
+    valid = await rows(
+        conn, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'pgwork.test_only_idx'::regclass"
+    )
+    assert valid == [{"indisvalid": True}]

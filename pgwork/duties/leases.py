@@ -136,8 +136,6 @@ class Heartbeat:
             asked_by = await store.daemon_heartbeat(
                 conn, id=self.daemon_id, listener_up=self.listener_up()
             )
-            if asked_by is not None:
-                asked_by = await store.migration_standing(conn, asked_by)
             gone = await store.daemons_forget_gone(conn)
             await self.clock.sync(conn)
         if asked_by is not None:

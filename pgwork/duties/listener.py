@@ -52,7 +52,8 @@ class Listener:
     #: Woken when the connection comes up or goes down (the heartbeat writes it to this
     #: daemon's row at once, for `pgwork status`).
     changed: Waker | None = None
-    #: Called with who asks when `pgwork migrate` asks the daemons to step aside.
+    #: Called with the payload of a NOTIFY pgwork_migrate (any role may send one: it is a
+    #: reason to look at the request, never the request itself).
     migration_asked: Callable[[str], None] = lambda _: None
     up: bool = field(default=False, init=False)
     _first: anyio.Event = field(default_factory=anyio.Event, init=False)

@@ -33,8 +33,9 @@ SELECT d.id, d.host, (d.pid)::bigint AS pid, d.version,
  WHERE d.heartbeat_at > now() - 3 * coalesce((to_jsonb(d)->>'heartbeat_every')::interval, interval '20 seconds')
  ORDER BY d.host, d.pid
 
--- name: migration_request
--- Ask the running daemons to step aside (kept while a request stands), and wake them.
+-- name: migration_request_legacy
+-- Ask the running daemons to step aside (kept while a request stands), and wake them: a schema
+-- from 15 to 21, whose daemons read the request in pgwork.config.
 WITH asked AS (
     UPDATE pgwork.config SET migration_requested_at = coalesce(migration_requested_at, now()),
                              migration_requested_by = coalesce(migration_requested_by, %(by)s)
@@ -43,32 +44,61 @@ WITH asked AS (
 SELECT a.migration_requested_by, pg_notify('pgwork_migrate', a.migration_requested_by) IS NOT NULL AS told
   FROM asked a
 
--- name: migration_clear
+-- name: migration_clear_legacy
 UPDATE pgwork.config SET migration_requested_at = NULL, migration_requested_by = NULL
 
--- name: migration_hold
--- Held by the `pgwork migrate` that asks, for as long as its request stands (session-level):
--- a request whose migrate is gone (killed) holds it no more, and is then ignored and cleared.
--- A second migrate waits here for the first, however long it takes.
+-- name: migration_hold_legacy
+-- Held by the `pgwork migrate` that asks a schema from 15 to 21, for as long as its request
+-- stands (session-level): the daemons of those versions take a request whose migrate no longer
+-- holds it (killed) for nobody's.
 SELECT pg_advisory_lock(hashtext('pgwork.migration_request')) AS held
   FROM (SELECT set_config('lock_timeout', '0', true)) AS unbounded
 
--- name: migration_release
+-- name: migration_release_legacy
 SELECT pg_advisory_unlock(hashtext('pgwork.migration_request'))
 
--- name: migration_requester_gone
--- Whether no session holds the request's lock (its migrate ended without clearing it); the lock
--- taken to find out is given back at once.
-SELECT pg_try_advisory_lock(hashtext('pgwork.migration_request'))
-       AND pg_advisory_unlock(hashtext('pgwork.migration_request')) AS gone
+-- name: migration_claim
+-- A `pgwork migrate` claims the schema's row for the whole of its run (its request, its
+-- transaction, its indexes built after the commit), unless another live session holds it: the
+-- version read here, under the row's lock, is the one it migrates from; no row returned: another
+-- migrate holds it (migration_holder names it). Autocommit: the wait for another migrate is the
+-- caller's pause between two claims, never a statement holding a snapshot.
+UPDATE pgwork.schema_version s
+   SET migration_requester = pg_backend_pid(), migration_requested_by = %(by)s,
+       migration_requested_at = NULL
+ WHERE s.migration_requester IS NULL OR s.migration_requester = pg_backend_pid()
+    OR NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = s.migration_requester)
+RETURNING s.version
 
--- name: migration_clear_stale
-UPDATE pgwork.config SET migration_requested_at = NULL, migration_requested_by = NULL
- WHERE migration_requested_by = %(by)s
+-- name: migration_holder
+-- Who holds the schema's row now (the migrate a second one waits for).
+SELECT s.migration_requested_by, s.migration_requester FROM pgwork.schema_version s
+
+-- name: migration_request
+-- Ask the running daemons to step aside (this session holds the claim), and wake them; the
+-- notification only makes them look at this row (see migration_pending).
+UPDATE pgwork.schema_version SET migration_requested_at = now()
+ WHERE migration_requester = pg_backend_pid()
+RETURNING migration_requested_by, pg_notify('pgwork_migrate', migration_requested_by) IS NOT NULL AS told
+
+-- name: migration_clear
+-- The request ends (with the migration's commit, or when it does not happen); the claim stays
+-- until migration_release.
+UPDATE pgwork.schema_version SET migration_requested_at = NULL
+ WHERE migration_requester = pg_backend_pid()
+
+-- name: migration_release
+UPDATE pgwork.schema_version
+   SET migration_requester = NULL, migration_requested_by = NULL, migration_requested_at = NULL
+ WHERE migration_requester = pg_backend_pid()
 
 -- name: migration_pending
--- Who asks the daemons to step aside now (NULL: nobody; a schema without the column: nobody).
-SELECT to_jsonb(c)->>'migration_requested_by' AS migration_requested_by FROM pgwork.config c
+-- Who asks the daemons to step aside now: a request in the owner's row whose migrate's session
+-- is alive (NULL: nobody; a schema before 22, whose row has no request: nobody).
+SELECT j->>'migration_requested_by' AS migration_requested_by
+  FROM (SELECT to_jsonb(s) AS j FROM pgwork.schema_version s) AS v
+ WHERE j->>'migration_requested_at' IS NOT NULL
+   AND EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = (j->>'migration_requester')::int)
 
 -- name: migrate_lock_apps_tables
 -- Before steps that change the apps' tables themselves (schemas before 12): every table an
@@ -109,8 +139,31 @@ SELECT set_config('statement_timeout', '0', false), set_config('lock_timeout', '
 RESET statement_timeout; RESET lock_timeout
 
 -- name: migrate_lock
--- Serialises concurrent `pgwork migrate` runs (transaction-scoped).
+-- Serialises a migration's transaction with any other's: a lock on the schema's own table that
+-- only a role that may write it can conflict with (a daemon's or an app's read does not). The
+-- transaction's first statement: a LOCK waits without a snapshot. Bounded by the transaction's
+-- lock_timeout, set just before (migrate_wait).
+LOCK TABLE pgwork.schema_version IN EXCLUSIVE MODE
+
+-- name: migrate_lock_install
+-- The same for a database with no pgwork schema yet (no table to lock, no app role either).
 SELECT pg_advisory_xact_lock(hashtext('pgwork.migrate'))
+
+-- name: migrate_wait
+-- How long a migration waits for another's transaction, before its own lock_timeout applies.
+SELECT set_config('lock_timeout', %(wait)s, true)
+
+-- name: migrate_lock_holders
+-- The sessions holding a lock on one of pgwork's tables (an app's open transaction, another
+-- migrate, an operator's session): who a migration that could not get its locks waited for.
+SELECT a.pid, a.usename::text AS usename, a.application_name, a.client_addr::text AS client_addr,
+       a.state, string_agg(DISTINCT c.relname || ' ' || l.mode, ', ') AS locks
+  FROM pg_locks l
+  JOIN pg_class c ON c.oid = l.relation AND c.relnamespace = to_regnamespace('pgwork')
+  JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.granted AND l.locktype = 'relation' AND a.pid <> pg_backend_pid()
+ GROUP BY a.pid, a.usename, a.application_name, a.client_addr, a.state
+ ORDER BY a.pid
 
 -- name: migrate_timeouts
 -- For the migration's transaction: a bounded wait for each lock, no bound on a statement.
@@ -257,9 +310,13 @@ DELETE FROM pgwork.daemon
 RETURNING id
 
 -- name: daemon_heartbeat
--- And whether `pgwork migrate` asks the daemons to step aside (the NOTIFY's floor).
+-- And whether `pgwork migrate` asks the daemons to step aside (see migration_pending; the
+-- NOTIFY only wakes the heartbeat to look sooner).
 UPDATE pgwork.daemon SET heartbeat_at = now(), listener_up = %(listener_up)s WHERE id = %(id)s
-RETURNING (SELECT c.migration_requested_by FROM pgwork.config c) AS migration_requested_by
+RETURNING (SELECT s.migration_requested_by FROM pgwork.schema_version s
+             WHERE s.migration_requested_at IS NOT NULL
+               AND EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = s.migration_requester))
+          AS migration_requested_by
 
 -- name: daemon_unregister
 DELETE FROM pgwork.daemon WHERE id = %(id)s

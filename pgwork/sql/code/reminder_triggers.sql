@@ -92,7 +92,8 @@ BEGIN
             'recur_until is the last local deadline the series may have.', 'recur_until');
     END IF;
 
-    -- The payload, measured as the JSON text a receiver gets (the CHECK sees the compressed size).
+    -- The payload, measured as the JSON text a receiver gets (the documented limit; the table
+    -- constraint only bounds a row written around this trigger, in its binary form).
     size := octet_length(NEW.payload::text);
     IF size > 65536 THEN
         RAISE EXCEPTION 'pgwork: % has a payload of % bytes; at most 65536 (64 KiB) as JSON text', what, size
