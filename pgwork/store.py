@@ -466,9 +466,12 @@ async def channel_resume(conn: Conn, *, channel: str, actor: str) -> bool:
 
 @dataclass(frozen=True)
 class ChannelUse:
-    #: Reminders that name the channel, and its live (ready, claimed) work rows.
+    #: Reminders that name the channel, and the live (ready, claimed) work rows a retire with
+    #: ``cancel`` closes (their reminders' or orphaned ones).
     reminders: int
     live: int
+    #: Live rows on the channel whose reminder names another one now: moved there, not closed.
+    moved: int = 0
 
 
 async def channel_retire(conn: Conn, *, channel: str, cancel: bool) -> ChannelUse | None:

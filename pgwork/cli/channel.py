@@ -109,15 +109,22 @@ def _retired(name: str, use: store.ChannelUse | None, cancel: bool) -> int:
     if (use.reminders or use.live) and not cancel:
         raise CliError(
             f"channel {name} is still used: {use.reminders} reminder(s), {use.live} live work "
-            f"row(s); pass --cancel to delete those reminders and cancel that work (never "
-            f"sent). Nothing was changed.",
+            f"row(s), {use.moved} of reminders since moved to another channel; pass --cancel to "
+            f"delete those reminders and cancel their work (never sent; the moved ones go to "
+            f"their channel). Nothing was changed.",
             1,
         )
     print(
         f"retired channel {name}"
         + (
-            f"; deleted its {use.reminders} reminder(s), their unsent work cancelled"
+            f"; deleted its {use.reminders} reminder(s) and cancelled {use.live} live work "
+            f"row(s) (never sent; a delivery in flight is fenced)"
             if cancel
+            else ""
+        )
+        + (
+            f"; {use.moved} live row(s) of reminders since moved to another channel went there"
+            if use.moved
             else ""
         )
         + ". Remove it from every daemon's config: a daemon that still has it registers it again."

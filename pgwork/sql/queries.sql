@@ -384,6 +384,11 @@ WITH o AS (
            -- occurrence's: it does not spend the row's budget (its ledger row stays).
            attempts = w.attempts - (o.pause IS NOT NULL AND o.status = 'ready')::int,
            available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
+           -- A retry goes where its reminder points now: an app that moved the reminder to
+           -- another channel while this attempt was in flight moved its send too.
+           channel = CASE WHEN o.status = 'ready'
+                          THEN coalesce((SELECT r.channel FROM pgwork.reminder r WHERE r.id = w.reminder_id), w.channel)
+                          ELSE w.channel END,
            finished_at = CASE WHEN pgwork.is_terminal(o.status) THEN now() END,
            last_error = o.error,
            dead_reason = CASE WHEN o.status = 'dead' THEN coalesce(o.error, o.outcome) END
@@ -671,9 +676,15 @@ SELECT w.id, w.status FROM pgwork.renewal_work w WHERE w.id = ANY (%(ids)s::bigi
 -- Retiring a channel (pgwork channel retire), in one transaction: lock its row (a daemon starting
 -- meanwhile waits to register it), and count what still uses it. NULL when there is no such
 -- channel. Neither count has an index: an operator's rare command reads both tables.
+-- live: the live rows it would close; moved: live rows on it whose reminder now names another
+-- channel (made before the move, or in flight then), which go there instead.
 SELECT (SELECT count(*) FROM pgwork.reminder r WHERE r.channel = c.name) AS reminders,
        (SELECT count(*) FROM pgwork.renewal_work w
-         WHERE w.channel = c.name AND w.status IN ('ready', 'claimed')) AS live
+         WHERE w.channel = c.name AND w.status IN ('ready', 'claimed')
+           AND NOT EXISTS (SELECT FROM pgwork.reminder r WHERE r.id = w.reminder_id AND r.channel <> c.name)) AS live,
+       (SELECT count(*) FROM pgwork.renewal_work w
+          JOIN pgwork.reminder r ON r.id = w.reminder_id AND r.channel <> c.name
+         WHERE w.channel = c.name AND w.status IN ('ready', 'claimed')) AS moved
   FROM pgwork.channel c
  WHERE c.name = %(channel)s
    FOR UPDATE OF c
@@ -684,12 +695,23 @@ SELECT (SELECT count(*) FROM pgwork.reminder r WHERE r.channel = c.name) AS remi
 DELETE FROM pgwork.reminder r WHERE r.channel = %(channel)s
 
 -- name: channel_retire_close_work
--- ... and any live work still on the channel (a reminder since moved to another channel keeps
--- the rows made for this one): cancelled, never sent; a delivery in flight is fenced.
+-- ... and any live work still on the channel of no other channel's reminder (a row whose
+-- reminder is gone): cancelled, never sent; a delivery in flight is fenced. A live row whose
+-- reminder was moved to another channel is that reminder's send: it goes to its channel (one in
+-- flight finishes; its retry, or its lease's expiry, lands there).
+WITH moved AS (
+    UPDATE pgwork.renewal_work w
+       SET channel = r.channel
+      FROM pgwork.reminder r
+     WHERE w.channel = %(channel)s AND w.status IN ('ready', 'claimed')
+       AND r.id = w.reminder_id AND r.channel <> %(channel)s
+    RETURNING w.id
+)
 UPDATE pgwork.renewal_work w
    SET status = 'cancelled', finished_at = now(),
        last_error = 'cancelled: its channel was retired (pgwork channel retire --cancel)'
  WHERE w.channel = %(channel)s AND w.status IN ('ready', 'claimed')
+   AND w.id NOT IN (SELECT m.id FROM moved m)
 
 -- name: channel_retire
 DELETE FROM pgwork.channel c WHERE c.name = %(channel)s

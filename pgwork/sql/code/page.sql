@@ -172,10 +172,13 @@ BEGIN
                      LIMIT 1) IS NULL)
             ON CONFLICT (reminder_id, deadline, occurrence) DO UPDATE
            -- A revived row keeps its lease and attempts: it is made ready, never claimed here, on
-           -- the reminder's channel now.
-           SET status = CASE WHEN excluded.status = 'claimed' THEN 'ready' ELSE excluded.status END,
-               available_at = CASE WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
-               finished_at = excluded.finished_at, last_error = excluded.last_error,
+           -- the reminder's channel now. One that was tried (waiting for a retry when an edit
+           -- closed it) is that send going on: never closed by catch_up, its retry time kept.
+           SET status = CASE WHEN excluded.status = 'claimed' OR w.attempts > 0 THEN 'ready' ELSE excluded.status END,
+               available_at = CASE WHEN w.attempts > 0 THEN greatest(w.available_at, excluded.due_at)
+                                   WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
+               finished_at = CASE WHEN w.attempts > 0 THEN NULL ELSE excluded.finished_at END,
+               last_error = CASE WHEN w.attempts > 0 THEN w.last_error ELSE excluded.last_error END,
                traceparent = excluded.traceparent, tracestate = excluded.tracestate, channel = excluded.channel
          WHERE w.status = 'superseded'
         -- The whole row only for those claimed here (pgwork.as_claimed below).

@@ -144,6 +144,15 @@ BEGIN
             IF NEW.recur IS NULL THEN
                 SELECT min(pgwork.fire_at(NEW.due_at, NEW.due_local, NEW.due_tz, x)) INTO NEW.next_fire_at
                   FROM unnest(NEW.remind_before) AS x;
+            ELSIF TG_OP = 'UPDATE' AND OLD.recur IS NOT NULL AND NEW.recur = OLD.recur
+                  AND NEW.due_at IS NOT DISTINCT FROM OLD.due_at AND NEW.remind_before = OLD.remind_before
+                  AND NEW.due_local IS NOT DISTINCT FROM OLD.due_local AND NEW.due_tz IS NOT DISTINCT FROM OLD.due_tz
+                  AND NEW.recur_until IS NOT DISTINCT FROM OLD.recur_until
+                  AND NEW.recur_skip IS NOT DISTINCT FROM OLD.recur_skip AND NEW.paused = OLD.paused THEN
+                -- Only the channel: the schedule is the same series, not restarted. Its unsent
+                -- sends on the old channel are closed and its progress rewound to the earliest of
+                -- them (reminder_after_reschedule), so the page makes them again on the new one.
+                NULL;
             ELSE
                 -- A series (re)starts now: its deadlines before now are history, never sent. Its
                 -- progress starts at the earliest send a deadline from now can have; the
@@ -196,6 +205,8 @@ CREATE OR REPLACE TRIGGER reminder_before_update
 -- every app's move or delete of a reminder read every live work row of every channel.
 CREATE OR REPLACE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
+DECLARE
+    rewind timestamptz;
 BEGIN
     -- An app's edit only ever closes or removes work rows: it never makes a row ready (or
     -- changes a ready one), so it takes no lane lock (pgwork.wake_lanes), which the daemon's
@@ -223,14 +234,25 @@ BEGIN
         -- Unsent occurrences the series no longer has, those it moves that were tried (waiting
         -- for a retry: they keep their instant, as that send), and those of another channel are
         -- superseded.
-        UPDATE pgwork.renewal_work w
-           SET status = 'superseded', finished_at = now()
-         WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
-           AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
-                OR w.channel <> NEW.channel
-                OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
-                                          NEW.recur_until, NEW.remind_before, NEW.recur_version,
-                                          w.deadline_local, w.occurrence, NULL) IS NOT NULL);
+        WITH closed AS (
+            UPDATE pgwork.renewal_work w
+               SET status = 'superseded', finished_at = now()
+             WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+               AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
+                    OR w.channel <> NEW.channel
+                    OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
+                                              NEW.recur_until, NEW.remind_before, NEW.recur_version,
+                                              w.deadline_local, w.occurrence, NULL) IS NOT NULL)
+            RETURNING w.due_at
+        )
+        SELECT min(c.due_at) INTO rewind FROM closed c;
+        -- Only the channel changed (the series was not restarted: the same version): what was
+        -- closed is wanted still, on the new channel; the page makes it again from there (a send
+        -- waiting for a retry goes on; one never tried is judged by the new channel's catch_up).
+        IF NEW.recur_version = OLD.recur_version AND NEW.channel IS DISTINCT FROM OLD.channel
+           AND rewind < coalesce(NEW.next_fire_at, 'infinity') THEN
+            UPDATE pgwork.reminder r SET next_fire_at = rewind WHERE r.id = NEW.id;
+        END IF;
     END IF;
     RETURN NULL;
 END

@@ -182,7 +182,7 @@ BEGIN
         -- same local deadline stops it, and so does a row of another local deadline on the same
         -- instant (the same send, made before an edit). An occurrence an edit superseded is made
         -- again (its instant may have moved), on the reminder's channel now; one waiting for a
-        -- retry keeps its retry time.
+        -- retry keeps its retry time, and is never closed by catch_up (that send goes on).
         INSERT INTO pgwork.renewal_work AS w
                (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,
                 available_at, status, finished_at, last_error, traceparent, tracestate,
@@ -207,11 +207,12 @@ BEGIN
                    AND x.deadline_local IS DISTINCT FROM o.dl
                  LIMIT 1) IS NULL
             ON CONFLICT (reminder_id, deadline_local, occurrence) WHERE deadline_local IS NOT NULL DO UPDATE
-           SET status = excluded.status,
-               available_at = CASE WHEN w.attempts > 0 AND excluded.status = 'ready'
+           SET status = CASE WHEN w.attempts > 0 THEN 'ready' ELSE excluded.status END,
+               available_at = CASE WHEN w.attempts > 0
                                    THEN greatest(w.available_at, excluded.available_at)
                                    ELSE excluded.available_at END,
-               finished_at = excluded.finished_at, last_error = excluded.last_error,
+               finished_at = CASE WHEN w.attempts > 0 THEN NULL ELSE excluded.finished_at END,
+               last_error = CASE WHEN w.attempts > 0 THEN w.last_error ELSE excluded.last_error END,
                traceparent = excluded.traceparent, tracestate = excluded.tracestate, channel = excluded.channel,
                deadline = excluded.deadline, due_at = excluded.due_at, recur_version = excluded.recur_version
          WHERE w.status = 'superseded'
