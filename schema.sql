@@ -219,6 +219,10 @@ COMMENT ON COLUMN pgwork.reminder.next_fire_at IS
 -- reminders with something left to materialise, paged by (that instant, id).
 CREATE INDEX reminder_next_fire ON pgwork.reminder ((coalesce(next_fire_at, due_at)), id)
     WHERE next_fire_at IS NULL OR next_fire_at < 'infinity';
+-- The same per source: a page that cannot take every due reminder serves the sources in turn
+-- (pgwork.materialise_page), finding them by a skip scan of this index.
+CREATE INDEX reminder_due_by_source ON pgwork.reminder (source, (coalesce(next_fire_at, due_at)), id)
+    WHERE next_fire_at IS NULL OR next_fire_at < 'infinity';
 
 -- ---------------------------------------------------------------------------------------------
 -- Attempt time: one row per materialised occurrence, written only by the daemon.

@@ -484,6 +484,40 @@ async def test_a_page_planned_on_empty_tables_reads_by_key(
     assert all(n <= 100 for got in read.values() for n in got.values()), read
 
 
+async def test_a_crowded_page_finds_its_sources_by_key(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A page that cannot take every due reminder serves the sources in turn: it finds them by a
+    skip scan of reminder_due_by_source, a probe or two per source, never by reading the
+    reminders of every source, however it was planned (here: on empty tables)."""
+    await conn.execute("ALTER TABLE pgwork.reminder SET (autovacuum_enabled = off)")
+    await conn.execute("VACUUM ANALYZE pgwork.reminder, pgwork.renewal_work")  # both empty
+    params: dict[str, Any] = {
+        "coordinate": True, "cutoff": None, "lookahead": timedelta(0), "after_at": None,
+        "after_id": 0, "limit": 50, "origin": "d1", "take": "[]",
+        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [],
+    }  # fmt: skip
+    async with await db.connect(dsn, pooled=True) as daemon:  # no session settings
+        for _ in range(6):  # planned while the tables are empty
+            await daemon.execute(Q["materialise_page"], params)
+        await conn.execute(DUE_AND_LATER)  # 20 due, 2,980 later, source 's'
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 'src' || (g % 30), 'k' || g, now() + CASE WHEN g <= 60 "
+            "THEN interval '-30 seconds' ELSE interval '1 day' END, 'test', 'r' "
+            "FROM generate_series(1, 3000) g"
+        )
+        async with daemon.transaction():
+            cur = await daemon.execute(Q["materialise_page"], params)
+            page = await cur.fetchall()
+            read = await _seq_read(daemon, "reminder", "renewal_work")
+            made = await rows(daemon, "SELECT count(DISTINCT source) AS n FROM pgwork.renewal_work")
+            raise psycopg.Rollback()
+    assert page[0][2] == 50  # made a full page
+    assert made[0]["n"] == 31  # every source with a due reminder had its turn
+    assert all(n <= 100 for n in read.values()), read
+
+
 async def test_a_claim_starts_where_its_lane_s_ready_rows_start(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgwork import db
+from pgwork import db, store
 from pgwork.duties import materialise as materialiser
 
 from .helpers import add, count, materialise, rows, work
@@ -455,3 +455,85 @@ async def test_a_page_that_fails_without_any_row_sets_nothing_aside(
             await materialiser.run_once(c, lookahead=0, page_size=4, aside=aside)
     assert aside.ids(time.monotonic()) == []
     assert await count(conn) == 0
+
+
+async def test_a_full_page_serves_every_source_with_due_reminders_in_turn(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """One source's flood, due first, filled every page in due order: another source's reminder,
+    due a moment later, was made only after all of it. A page that cannot take every due
+    reminder now gives each due source a turn; the pass still makes every reminder once, and
+    the other pages go on in due order from where the first left off."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT 'flood', 'f' || g, now() - interval '1 hour' + g * interval '1 ms', 'test', 'r' "
+        "FROM generate_series(1, 500) g"
+    )
+    for source, n in (("small", 3), ("one", 1)):
+        for i in range(n):
+            await add(conn, f"{source}{i}", "now() - interval '1 minute'", source=source)
+    async with await db.connect(dsn) as c:
+        page, _ = await store.materialise_page(
+            c,
+            coordinate=True,
+            cutoff=None,
+            lookahead=timedelta(0),
+            after_at=None,
+            after_id=0,
+            limit=40,
+        )
+    assert page is not None and page.made == 40
+    made = await rows(
+        conn, "SELECT source, count(*) AS n FROM pgwork.renewal_work GROUP BY 1 ORDER BY 1"
+    )
+    assert made == [
+        {"source": "flood", "n": 36},
+        {"source": "one", "n": 1},
+        {"source": "small", "n": 3},
+    ], made
+    res = await materialise(dsn, page_size=40)
+    assert res.made == 504 - 40
+    assert await count(conn) == 504
+    dup = await rows(
+        conn, "SELECT reminder_id FROM pgwork.renewal_work GROUP BY 1 HAVING count(*) > 1"
+    )
+    assert dup == []
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=5),
+    page=st.integers(min_value=2, max_value=30),
+)
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_turns_by_source_make_every_due_reminder_once_whatever_the_mix(
+    dsn: str, sizes: list[int], page: int
+) -> None:
+    """Sources of random sizes and due times, pages of a random size: every due reminder made
+    once in one pass, whether its pages ran in turns or in due order, nothing not yet due."""
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+            await c.execute(
+                "TRUNCATE pgwork.attempt, pgwork.renewal_work, pgwork.reminder, pgwork.retired, "
+                "pgwork.lane"
+            )
+            for i, n in enumerate(sizes):
+                await c.execute(
+                    "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, "
+                    "recipient) SELECT %s, 'k' || g, now() - interval '1 hour' "
+                    "+ ((g * 7919 + %s) %% 600) * interval '1 second', 'test', 'r' "
+                    "FROM generate_series(1, %s) g",
+                    (f"s{i}", i, n),
+                )
+            await add(c, "later", "now() + interval '1 hour'", source="s0")
+            res = await materialise(dsn, page_size=page)
+            assert res.made == sum(sizes)
+            assert await count(c) == sum(sizes)
+            dup = await rows(
+                c, "SELECT reminder_id FROM pgwork.renewal_work GROUP BY 1 HAVING count(*) > 1"
+            )
+            assert dup == []
+
+    anyio.run(main)

@@ -63,6 +63,11 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     got boolean;
+    cut timestamptz;
+    -- Fair turns (see below): the page's reminders, and where its cursor moves.
+    fair bigint[];
+    fair_at timestamptz;
+    fair_id bigint;
 BEGIN
     -- Under repeatable read or serializable, every statement here would share the snapshot taken
     -- before the lock: the ordering above, and with it "never sent twice", would not hold.
@@ -81,24 +86,118 @@ BEGIN
     IF NOT got THEN
         RETURN;
     END IF;
+    cut := coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead);
+    -- Fair turns. A page takes the due reminders in due order; when more are due after the
+    -- cursor than it can take (one app's flood, a catch-up), that order would make every other
+    -- source's reminders wait behind them. Such a page serves each source with due reminders
+    -- in turn instead: half the page goes to every such source's earliest ones (its share: that
+    -- half over their number, at least one), the rest to due order, which moves the cursor
+    -- (the rows served out of order leave the due set as they are made). Sources are found by
+    -- a skip scan of reminder_due_by_source, a probe or two per source: only for a page that is
+    -- full, never for an idle one. A page of one reminder (bisecting a failed page) is in due
+    -- order.
+    IF materialise_page.page_limit > 1
+       AND (SELECT count(*) FROM (
+                SELECT FROM pgwork.reminder r
+                 WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                   AND coalesce(r.next_fire_at, r.due_at) <= cut
+                   AND (coalesce(r.next_fire_at, r.due_at), r.id)
+                       > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+                   AND NOT r.id = ANY (materialise_page.aside)
+                 ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+                 LIMIT materialise_page.page_limit + 1) AS c) > materialise_page.page_limit THEN
+        WITH RECURSIVE src AS (
+            (SELECT r.source FROM pgwork.reminder r
+              WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+              ORDER BY r.source LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.source FROM pgwork.reminder r
+                     WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity') AND r.source > s.source
+                     ORDER BY r.source LIMIT 1)
+              FROM src s
+             WHERE s.source IS NOT NULL
+        ), due_src AS MATERIALIZED (
+            SELECT s.source
+              FROM src s
+             WHERE s.source IS NOT NULL
+               AND EXISTS (SELECT FROM pgwork.reminder r
+                            WHERE r.source = s.source
+                              AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                              AND coalesce(r.next_fire_at, r.due_at) <= cut
+                              AND (coalesce(r.next_fire_at, r.due_at), r.id)
+                                  > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+                              AND NOT r.id = ANY (materialise_page.aside))
+        ), share AS MATERIALIZED (
+            SELECT greatest(1, (materialise_page.page_limit / 2) / count(*))::int AS n, count(*) AS sources
+              FROM due_src
+        ), picks AS MATERIALIZED (
+            SELECT p.id
+              FROM due_src s
+             CROSS JOIN share h
+             CROSS JOIN LATERAL (
+                   SELECT r.id, coalesce(r.next_fire_at, r.due_at) AS at
+                     FROM pgwork.reminder r
+                    WHERE r.source = s.source
+                      AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                      AND coalesce(r.next_fire_at, r.due_at) <= cut
+                      AND (coalesce(r.next_fire_at, r.due_at), r.id)
+                          > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+                      AND NOT r.id = ANY (materialise_page.aside)
+                    ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+                    LIMIT h.n) AS p
+             WHERE h.sources > 1
+             ORDER BY p.at, p.id
+             LIMIT materialise_page.page_limit / 2
+        ), fill AS MATERIALIZED (
+            SELECT r.id, coalesce(r.next_fire_at, r.due_at) AS at
+              FROM pgwork.reminder r
+             WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+               AND coalesce(r.next_fire_at, r.due_at) <= cut
+               AND (coalesce(r.next_fire_at, r.due_at), r.id)
+                   > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+               AND NOT r.id = ANY (materialise_page.aside)
+               AND NOT r.id = ANY ((SELECT coalesce(array_agg(k.id), '{}') FROM picks k)::bigint[])
+             ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+             LIMIT materialise_page.page_limit - (SELECT count(*) FROM picks)
+        )
+        SELECT (SELECT array_agg(k.id) FROM picks k) || (SELECT array_agg(f.id) FROM fill f),
+               l.at, l.id
+          INTO fair, fair_at, fair_id
+          FROM (SELECT 1) AS one
+          LEFT JOIN LATERAL (SELECT f.at, f.id FROM fill f ORDER BY f.at DESC, f.id DESC LIMIT 1) AS l ON true
+         WHERE (SELECT count(*) FROM picks) > 0;
+    END IF;
     RETURN QUERY
     WITH params AS MATERIALIZED (
         -- The first page of a pass fixes the cutoff; later pages pass it back.
-        SELECT coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead) AS cutoff
+        SELECT cut AS cutoff
     ), due AS MATERIALIZED (
-        SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
-               r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
-               coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
-               r.series_from
-          FROM pgwork.reminder r
-         WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
-           AND coalesce(r.next_fire_at, r.due_at) <= (SELECT p.cutoff FROM params p)
-           AND (coalesce(r.next_fire_at, r.due_at), r.id)
-               > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
-           AND NOT r.id = ANY (materialise_page.aside)
-         ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
-         LIMIT materialise_page.page_limit
-           FOR UPDATE OF r SKIP LOCKED
+        SELECT *
+          FROM (SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
+                       r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
+                       coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
+                       r.series_from
+                  FROM pgwork.reminder r
+                 WHERE fair IS NULL
+                   AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                   AND coalesce(r.next_fire_at, r.due_at) <= cut
+                   AND (coalesce(r.next_fire_at, r.due_at), r.id)
+                       > (coalesce(materialise_page.after_at, '-infinity'), materialise_page.after_id)
+                   AND NOT r.id = ANY (materialise_page.aside)
+                 ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+                 LIMIT materialise_page.page_limit
+                   FOR UPDATE OF r SKIP LOCKED) AS in_order
+        UNION ALL
+        SELECT *
+          FROM (SELECT r.ctid AS row_ctid, r.id, r.source, r.business_key, r.due_at, r.due_local, r.due_tz,
+                       r.remind_before, r.channel, coalesce(r.next_fire_at, r.due_at) AS next_fire_at,
+                       coalesce(r.planned_at, r.created_at) AS planned_at, r.traceparent, r.tracestate,
+                       r.series_from
+                  FROM pgwork.reminder r
+                 WHERE fair IS NOT NULL AND r.id = ANY (fair)
+                   AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                   AND coalesce(r.next_fire_at, r.due_at) <= cut
+                   FOR UPDATE OF r SKIP LOCKED) AS in_turn
     ), fires AS MATERIALIZED (
         SELECT d.id, d.source, d.business_key, d.due_at, d.channel, b.before, d.next_fire_at AS progress,
                pgwork.fire_at(d.due_at, d.due_local, d.due_tz, b.before) AS fire_at,
@@ -199,12 +298,14 @@ BEGIN
     ), figures AS (
         -- One aggregate over each of made, series and due (each scalar subquery over a CTE was
         -- nodes of its own for every page to start and end).
-        SELECT p.cutoff, c.scanned,
+        SELECT p.cutoff, CASE WHEN fair IS NULL THEN c.scanned ELSE cardinality(fair) END AS scanned,
                m.made + s.made AS made, m.made_due + s.made_due AS made_due, m.skipped + s.skipped AS skipped,
                (SELECT count(*) FROM (SELECT pg_notify('pgwork_work', materialise_page.origin)
                                        WHERE m.ready OR s.ready) AS n) AS notified,
                least(m.earliest, s.earliest) AS earliest_made,
-               l.next_fire_at AS last_at, l.id AS last_id, s.unfinished
+               CASE WHEN fair IS NULL THEN l.next_fire_at ELSE coalesce(fair_at, materialise_page.after_at) END AS last_at,
+               CASE WHEN fair IS NULL THEN l.id ELSE coalesce(fair_id, materialise_page.after_id) END AS last_id,
+               s.unfinished
           FROM params p
          CROSS JOIN (SELECT count(*) AS made,
                             count(*) FILTER (WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,

@@ -18,6 +18,8 @@
 --    text, is the trigger's; the constraint now bounds only a row written around the triggers, at
 --    1 MiB stored. Looser than the one it replaces: every row satisfies it, so it is added
 --    NOT VALID (no scan of the table under the lock the drop takes).
+-- 3. Fair making: a page that cannot take every due reminder serves the sources in turn
+--    (pgwork.materialise_page), found through reminder_due_by_source, built after the commit.
 -- What apps wait for: pgwork.reminder's ACCESS EXCLUSIVE lock (the constraint), until the commit.
 
 ALTER TABLE pgwork.schema_version
@@ -56,3 +58,10 @@ ALTER TABLE pgwork.reminder DROP CONSTRAINT reminder_payload_at_most_64kib;
 -- squawk-ignore constraint-missing-not-valid
 ALTER TABLE pgwork.reminder
     ADD CONSTRAINT reminder_payload_at_most_1mib_stored CHECK (pg_column_size(payload) <= 1048576) NOT VALID;
+
+-- pgwork: concurrently
+-- Built after the commit, without stopping the apps' writes; squawk reads the file as one
+-- transaction, which this part is not.
+-- squawk-ignore ban-concurrent-index-creation-in-transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS reminder_due_by_source ON pgwork.reminder (source, (coalesce(next_fire_at, due_at)), id)
+    WHERE next_fire_at IS NULL OR next_fire_at < 'infinity';
