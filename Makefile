@@ -58,5 +58,7 @@ bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): chec
 	$(BIN)/python -m bench.claim_cost --batch 10 --drain 2000
 	$(BIN)/python -m bench.channel_cost --rounds 1 --n 200
 	$(BIN)/python -m bench.idle_statements --samples 20
+	$(BIN)/python -m bench.flood --flood 2000
+	$(BIN)/python -m bench.flood --series 5 --settle 2
 
 .PHONY: bench bench-smoke

@@ -166,7 +166,27 @@ async def _flood(app: psycopg.AsyncConnection[Any], dsn: str) -> None:
     )
 
 
+async def _heavy_in_many_zones(app: psycopg.AsyncConnection[Any], dsn: str) -> None:
+    """300 series of the largest valid kind, each in its own zone (no two share an evaluation):
+    each page evaluated a day of deadlines either side of every entry's window, 2,880 a window,
+    whatever the series' share, and passes grew to seconds."""
+    await app.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
+        "remind_before, channel, recipient) "
+        "SELECT 'noisy', 'heavy:' || z.name, "
+        "date_trunc('minute', now() AT TIME ZONE z.name) + interval '1 minute', z.name, %s, "
+        "%s::interval[], 'test', 'r' "
+        "FROM (SELECT name FROM pgwork.time_zone ORDER BY name LIMIT 300) AS z",
+        (EVERY_MINUTE, SIXTEEN_UP_TO_375_DAYS),
+    )
+    # The other app's reminder goes in once the heavy series have made a few passes.
+    await anyio.sleep(20)
+
+
 NEIGHBOURS: dict[str, Neighbour] = {
+    "300 series every minute with 16 sends up to 375 days ahead, each in its own zone": (
+        _heavy_in_many_zones
+    ),
     f"a flood of {FLOOD:,} one-offs due now": _flood,
     "a row written around the triggers, in a zone the server does not know": _around_the_triggers,
     "a row written around the triggers, one send twice": _one_send_twice,

@@ -37,6 +37,21 @@ COMMENT ON FUNCTION pgwork.local_to_instant(timestamp, text) IS
     'Wall-clock time in an IANA zone to an instant. DST policy: ambiguous -> earlier instant; '
     'nonexistent -> shifted forward by the gap.';
 
+-- How far a local time and the instant it becomes can stray from a plain shift near an instant:
+-- the changes of the zone's UTC offset within a day either side of it (a DST change: an hour;
+-- none most of the year). Windows of local deadlines reach this much past the instants they
+-- stand for (pgwork.materialise_series); local_to_instant looks a day either side too.
+CREATE OR REPLACE FUNCTION pgwork.offset_shift(tz text, at timestamptz) RETURNS interval
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT greatest(d.later, -d.later) + greatest(d.earlier, -d.earlier)
+      FROM (SELECT (((at + interval '24 hours') AT TIME ZONE tz) - ((at + interval '24 hours') AT TIME ZONE 'UTC'))
+                   - ((at AT TIME ZONE tz) - (at AT TIME ZONE 'UTC')) AS later,
+                   ((at AT TIME ZONE tz) - (at AT TIME ZONE 'UTC'))
+                   - (((at - interval '24 hours') AT TIME ZONE tz) - ((at - interval '24 hours') AT TIME ZONE 'UTC')) AS earlier) AS d
+$$;
+COMMENT ON FUNCTION pgwork.offset_shift(text, timestamptz) IS
+    'The changes of a zone''s UTC offset within a day either side of an instant (0 most of the year).';
+
 CREATE OR REPLACE FUNCTION pgwork.fire_at(due_at timestamptz, due_local timestamp, due_tz text, before interval)
 RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
     -- Offsets count in the reminder's own calendar: in its zone for local-time reminders

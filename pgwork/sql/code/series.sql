@@ -111,17 +111,33 @@ BEGIN
                                                             < d.next_fire_at + o.one)) END AS step) AS s
     ), windows AS MATERIALIZED (
         -- The local deadlines whose sends may fall between the series' progress (never before its
-        -- start) and upto, a day more each side for DST, and the probe when the page goes to the
-        -- cutoff: one window for all its remind_before entries when they lie close together (no
-        -- further apart than the probe: rent's {7 days, 0}), so each deadline is evaluated once;
-        -- one per entry when they are far apart, so that sends a year ahead of their deadlines
-        -- cost no more than sends at them.
+        -- start) and upto, and the probe when the page goes to the cutoff: one window for all its
+        -- remind_before entries when they lie close together (no further apart than the probe:
+        -- rent's {7 days, 0}), so each deadline is evaluated once; one per entry when they are
+        -- far apart, so that sends a year ahead of their deadlines cost no more than sends at
+        -- them. A local time and the instant it becomes differ from a plain shift by the zone's
+        -- offset changes near it (pgwork.offset_shift: none, most of the year), so the window
+        -- reaches that much (and a minute) past the sends' span, not a day each side: a series
+        -- every minute evaluated 2,880 deadlines a window for a share of 16. Past hi_main, the
+        -- probe needs the first deadline only (the one after it sends later), unless an offset
+        -- change is near or the probe is long: then the whole probe, as the order of local times
+        -- may not hold (a DST gap shifts a time forward past the next).
         SELECT r.id, r.recur_rule, r.due_local, r.due_tz, e.befores, e.longest, r.recur_skip, r.series_from,
                r.last_local,
-               greatest((r.next_fire_at AT TIME ZONE r.due_tz) + e.shortest,
-                        r.series_from AT TIME ZONE r.due_tz) - interval '1 day' AS lo,
-               (r.upto AT TIME ZONE r.due_tz) + e.longest
-                 + CASE WHEN r.unfinished THEN interval '1 day' ELSE r.probe END AS hi
+               greatest((r.next_fire_at AT TIME ZONE r.due_tz) + e.shortest
+                          - pgwork.offset_shift(r.due_tz, r.next_fire_at),
+                        (r.series_from AT TIME ZONE r.due_tz) - pgwork.offset_shift(r.due_tz, r.series_from))
+                 - interval '1 minute' AS lo,
+               (r.upto AT TIME ZONE r.due_tz) + e.longest + pgwork.offset_shift(r.due_tz, r.upto)
+                 + interval '1 minute' AS hi_main,
+               (r.upto AT TIME ZONE r.due_tz) + e.longest + pgwork.offset_shift(r.due_tz, r.upto)
+                 + interval '1 minute' + CASE WHEN r.unfinished THEN interval '0' ELSE r.probe END AS hi,
+               -- The probe's order holds with no offset change where its sends fall (a dense
+               -- rule's probe: two days at most, and its entries as far apart at most).
+               NOT r.unfinished AND r.probe <= interval '2 days'
+                 AND pgwork.offset_shift(r.due_tz, r.upto) = '0'
+                 AND pgwork.offset_shift(r.due_tz, r.upto + interval '48 hours') = '0'
+                 AND pgwork.offset_shift(r.due_tz, r.upto + interval '96 hours') = '0' AS probe_first
           FROM reach r
          CROSS JOIN LATERAL (SELECT min(x) AS shortest, max(x) AS longest FROM unnest(r.remind_before) AS x) AS m
          CROSS JOIN LATERAL (
@@ -136,8 +152,8 @@ BEGIN
         -- deadline, the first deadline does not matter (every period is kept; the rule's parts
         -- were completed from it when it was compiled): the key says so with -infinity, and such
         -- series of one rule, one zone, one window and its entries share one evaluation below.
-        SELECT w.id, w.recur_rule, w.due_tz, w.befores, w.lo, least(w.hi, w.last_local) AS hi, w.recur_skip,
-               w.series_from,
+        SELECT w.id, w.recur_rule, w.due_tz, w.befores, w.lo, least(w.hi, w.last_local) AS hi,
+               least(w.hi_main, w.last_local) AS hi_main, w.probe_first, w.recur_skip, w.series_from,
                CASE WHEN (w.recur_rule->>'interval')::integer = 1 AND w.lo >= w.due_local
                     THEN '-infinity' ELSE w.due_local END AS anchor
           FROM windows w
@@ -145,14 +161,24 @@ BEGIN
         -- Each distinct window's deadlines, each as an instant (pgwork.local_to_instant), with the
         -- instants of its entries' sends (in the order of befores): on rent day, a million series
         -- of "the 1st at 09:00 Berlin" cost one evaluation per page.
-        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.anchor, e.befores, x.dl, x.deadline_at,
+        -- Past hi_main, only the probe's first deadline when its order holds (probe_first).
+        SELECT e.recur_rule, e.due_tz, e.lo, e.hi, e.hi_main, e.probe_first, e.anchor, e.befores, x.dl, x.deadline_at,
                ARRAY(SELECT pgwork.fire_at(x.deadline_at, x.dl, e.due_tz, b.before)
                        FROM unnest(e.befores) WITH ORDINALITY AS b(before, i) ORDER BY b.i) AS fire_ats
-          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.anchor, k.befores FROM keyed k) AS e
+          FROM (SELECT DISTINCT k.recur_rule, k.due_tz, k.lo, k.hi, k.hi_main, k.probe_first, k.anchor, k.befores
+                  FROM keyed k) AS e
          CROSS JOIN LATERAL (
                SELECT r.dl, pgwork.local_to_instant(r.dl, e.due_tz) AS deadline_at
-                 FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
-                                           e.lo, e.hi) AS r(dl)) AS x
+                 FROM (SELECT d.dl
+                         FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
+                                                   e.lo, least(e.hi_main, e.hi)) AS d(dl)
+                       UNION ALL
+                       (SELECT d.dl
+                          FROM pgwork.recur_between(e.recur_rule, CASE WHEN e.anchor = '-infinity' THEN e.lo ELSE e.anchor END,
+                                                    e.lo, e.hi) AS d(dl)
+                         WHERE d.dl > e.hi_main
+                         ORDER BY d.dl
+                         LIMIT CASE WHEN e.probe_first THEN 1 END)) AS r) AS x
     ), deadlines AS MATERIALIZED (
         -- Its deadlines in the window, without the skipped ones and the history before the
         -- series' start; two deadlines on one instant (a time shifted by a DST gap onto another
@@ -162,6 +188,7 @@ BEGIN
           FROM keyed k
           JOIN evaluated e
             ON e.recur_rule = k.recur_rule AND e.due_tz = k.due_tz AND e.lo = k.lo AND e.hi = k.hi
+           AND e.hi_main = k.hi_main AND e.probe_first = k.probe_first
            AND e.anchor = k.anchor AND e.befores = k.befores
          WHERE e.dl <> ALL (coalesce(k.recur_skip, '{}')) AND e.deadline_at >= k.series_from
          ORDER BY k.id, k.befores, e.deadline_at, (e.deadline_at AT TIME ZONE k.due_tz) <> e.dl, e.dl
