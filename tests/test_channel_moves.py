@@ -21,6 +21,8 @@ pytestmark = pytest.mark.anyio
 
 #: A failing channel's backoff: long enough that a send is seen waiting for its retry.
 SLOW_RETRY = RetryPolicy(max_attempts=20, base=1.0, cap=1.0)
+#: The property test's channels' backoff.
+WAITING_RETRY = RetryPolicy(max_attempts=50, base=0.5, cap=1.0)
 
 
 async def _status(conn: psycopg.AsyncConnection[Any], key: str) -> list[dict[str, Any]]:
@@ -103,3 +105,108 @@ async def test_a_one_off_moved_while_in_flight_retries_on_the_new_channel_and_re
 
 async def _delivered(conn: psycopg.AsyncConnection[Any], key: str) -> bool:
     return [s["status"] for s in await _status(conn, key)] == ["delivered"]
+
+
+#: One-offs and series of the property test, and how long its app keeps editing them, seconds.
+REMINDERS = 12
+SERIES = 4
+EDITING = 6.0
+EDITS = (
+    "UPDATE pgwork.reminder SET due_at = now() + %(s)s * interval '1 second' WHERE business_key = %(k)s",
+    "UPDATE pgwork.reminder SET channel = CASE channel WHEN 'a' THEN 'b' ELSE 'a' END "
+    "WHERE business_key = %(k)s",
+    "UPDATE pgwork.reminder SET remind_before = %(b)s::interval[] WHERE business_key = %(k)s",
+)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_edits_against_a_flaky_receiver_send_each_wanted_occurrence_once(
+    seed: int, dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """An app moves its one-offs' deadlines, swaps their channels and changes their sends, and
+    swaps its series' channels, at random moments of those sends' lives (not yet made, waiting
+    to be claimed, in flight, waiting for a retry), while the receiver behind both channels
+    fails two requests in five. At the end every occurrence the final reminder wants (a
+    one-off's deadline with each of its remind_before entries; a series' first deadline) is
+    delivered, and no idempotency key was ever answered 2xx twice; every key answered 2xx is a
+    work row recorded delivered. (Before, a series' send waiting for a retry when its channel
+    changed was never sent.)"""
+    import hashlib
+    import random
+
+    rnd = random.Random(seed)
+
+    def flaky(r: Any) -> Answer:
+        h = hashlib.sha256(f"{seed}/{r.key}/{r.n}".encode()).digest()[0]
+        return Answer(status=500 if h < 102 else 200)
+
+    with Receiver(flaky) as receiver:
+        cfg = config(
+            # Retries half a second to a second apart: sends spend time waiting for one.
+            webhook_channel(receiver.url, "a", retry=WAITING_RETRY),
+            webhook_channel(receiver.url, "b", retry=WAITING_RETRY),
+            lookahead=2.0,
+        )
+        async with running(cfg, dsn):
+            for i in range(REMINDERS):
+                await conn.execute(
+                    "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, "
+                    "recipient) VALUES ('app', %s, now() + %s * interval '1 second', %s, 'r')",
+                    (f"k{i}", rnd.uniform(0.2, 3.0), rnd.choice("ab")),
+                )
+            for i in range(SERIES):
+                await conn.execute(
+                    "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, "
+                    "channel, recipient) VALUES ('app', %s, date_trunc('second', "
+                    "now() AT TIME ZONE 'UTC') + %s * interval '1 second', 'UTC', 'FREQ=DAILY', "
+                    "%s, 'r')",
+                    (f"s{i}", rnd.randint(1, 3), rnd.choice("ab")),
+                )
+            t0 = anyio.current_time()
+            while anyio.current_time() - t0 < EDITING:
+                await anyio.sleep(rnd.uniform(0.0, 0.15))
+                if rnd.random() < 0.3:
+                    await conn.execute(EDITS[1], {"k": f"s{rnd.randrange(SERIES)}"})
+                    continue
+                await conn.execute(
+                    rnd.choice(EDITS),
+                    {
+                        "k": f"k{rnd.randrange(REMINDERS)}",
+                        "s": rnd.uniform(0.0, 3.0),
+                        "b": rnd.choice(["{0}", "{0, 1 second}", "{2 seconds}"]),
+                    },
+                )
+
+            async def settled() -> bool:
+                left = await rows(
+                    conn,
+                    "SELECT count(*) AS n FROM pgwork.reminder r "
+                    "CROSS JOIN LATERAL unnest(r.remind_before) AS b(before) "
+                    "WHERE r.recur IS NULL AND NOT EXISTS (SELECT FROM pgwork.renewal_work w "
+                    "WHERE w.reminder_id = r.id AND w.deadline = r.due_at "
+                    "AND w.occurrence = b.before AND w.status = 'delivered')",
+                )
+                series = await rows(
+                    conn,
+                    "SELECT count(*) AS n FROM pgwork.reminder r WHERE r.recur IS NOT NULL "
+                    "AND NOT EXISTS (SELECT FROM pgwork.renewal_work w WHERE w.reminder_id = r.id "
+                    "AND w.deadline_local = r.due_local AND w.status = 'delivered')",
+                )
+                return bool(left[0]["n"] == 0 and series[0]["n"] == 0)
+
+            await until(settled, timeout=60, what="every wanted occurrence delivered")
+    ok: dict[str, int] = {}
+    for r in receiver.requests:
+        if flaky(r).status == 200:
+            ok[r.key] = ok.get(r.key, 0) + 1
+    assert all(n == 1 for n in ok.values()), {k: n for k, n in ok.items() if n > 1}
+    delivered = await rows(
+        conn, "SELECT operation_id::text AS k FROM pgwork.renewal_work WHERE status = 'delivered'"
+    )
+    assert set(ok) == {d["k"] for d in delivered}
+    stranded = await rows(
+        conn,
+        "SELECT w.id FROM pgwork.renewal_work w JOIN pgwork.reminder r ON r.id = w.reminder_id "
+        "WHERE w.status IN ('ready', 'claimed') AND w.channel <> r.channel",
+    )
+    assert stranded == []
