@@ -108,9 +108,10 @@ def main() -> None:
     p.add_argument("--flood", type=int, default=0, help="one-offs due now from one app")
     p.add_argument("--series", type=int, default=0, help="heavy series, each in its own zone")
     p.add_argument("--settle", type=float, default=60.0, help="seconds of passes before probing")
+    p.add_argument("--pgbin", type=Path, default=None, help="another PostgreSQL's bin directory")
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="pgwork-flood-") as tmp:
-        server = LocalServer(Path(tmp) / "data")
+        server = LocalServer(Path(tmp) / "data", a.pgbin)
         server.start()
         try:
             print(json.dumps(anyio.run(measure, server.dsn(), a.flood, a.series, a.settle)))
