@@ -343,8 +343,29 @@ async def migrate(
 
     :raises SchemaError: when the database is newer than the code.
     :raises MigrateRefused: when daemons that cannot step aside run, or did not step aside, or
-        another migrate held the schema for longer than ``wait_for_other``.
+        another migrate held the schema for longer than ``wait_for_other``, or the role is not
+        allowed to change the schema (the daemon's or an app's).
     """
+    try:
+        return await _migrate(
+            conn, wait_for_old, step_aside_within, wait_for_other, by, version, steps
+        )
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise MigrateRefused(
+            f"`pgwork migrate` runs as the pgwork schema's owner; role {conn.info.user} may not "
+            f"change it ({redact(str(e)).strip().splitlines()[0]})"
+        ) from None
+
+
+async def _migrate(
+    conn: AsyncConnection[Any],
+    wait_for_old: float,
+    step_aside_within: float,
+    wait_for_other: float,
+    by: str | None,
+    version: int,
+    steps: Mapping[int, str] | None,
+) -> str:
     by = by or f"{socket.gethostname()}/{os.getpid()}"
     v = await schema_version(conn)
     if v is not None and HANDSHAKE_SINCE <= v < min(OWNED_SINCE, version):

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from . import store
+from .duties.materialise import one_rows_doing
 from .store import Conn
 
 #: How many occurrences (work rows, tombstones) are shown, the latest first.
@@ -28,6 +31,9 @@ class History:
     #: Older occurrences whose rows retention removed: identity and outcome only.
     retired: list[dict[str, Any]]
     now: datetime
+    #: Why its next occurrences cannot be worked out (a row the triggers never checked, a zone
+    #: the server no longer knows: the materialiser sets such a reminder aside); None: they can.
+    upcoming_error: str | None = None
 
     @property
     def known(self) -> bool:
@@ -39,6 +45,7 @@ class History:
             "business_key": self.business_key,
             "reminder": self.reminder,
             "upcoming": self.upcoming,
+            "upcoming_error": self.upcoming_error,
             "occurrences": self.occurrences,
             "retired": self.retired,
         }
@@ -62,11 +69,20 @@ async def reminder_history(
 ) -> History:
     reminder = await store.history_reminder(conn, source=source, business_key=business_key)
     rid = reminder["id"] if reminder else None
-    upcoming = (
-        await store.history_upcoming(conn, source=source, business_key=business_key)
-        if reminder
-        else []
-    )
+    upcoming: list[dict[str, Any]] = []
+    upcoming_error = None
+    if reminder:
+        try:
+            async with conn.transaction():  # a savepoint when the caller holds a transaction
+                upcoming = await store.history_upcoming(
+                    conn, source=source, business_key=business_key
+                )
+        except psycopg.DatabaseError as e:
+            if not one_rows_doing(e):
+                raise
+            # Its row's doing (the class decides, as for the materialiser's pages): the rest
+            # of what happened to it is still shown.
+            upcoming_error = str(e).strip().splitlines()[0]
     work = await store.history_work(
         conn, reminder_id=rid, source=source, business_key=business_key, limit=limit
     )
@@ -77,4 +93,6 @@ async def reminder_history(
     now = await store.db_now(conn)
     occurrences = [{**w, "state": state(w, now), "attempts_ledger": ledger[w["id"]]} for w in work]
     retired = await store.history_retired(conn, reminder_id=rid, limit=limit) if rid else []
-    return History(source, business_key, reminder, upcoming, occurrences, retired, now)
+    return History(
+        source, business_key, reminder, upcoming, occurrences, retired, now, upcoming_error
+    )

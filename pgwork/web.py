@@ -570,6 +570,13 @@ class WebApp:
                     ]
                 )
                 + "</table><h2>Next deadline (a one-off's only one)</h2>"
+                + (
+                    f"<p><b>Its next sends cannot be worked out</b> ({_e(h.upcoming_error)}): "
+                    "the materialiser sets it aside and names it in its log; fix or delete the "
+                    "row.</p>"
+                    if h.upcoming_error is not None
+                    else ""
+                )
                 + _table(
                     ["send at", "deadline", "before", "status"],
                     [

@@ -735,3 +735,47 @@ def test_the_welcome_is_not_printed_above_an_error_that_stops_the_run(tmp_path: 
     from pgwork.embedded import LocalServer
 
     assert LocalServer(tmp_path / ".pgwork" / "pgdata").running_port() is None
+
+
+async def test_migrate_as_a_role_that_does_not_own_the_schema_says_so(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`pgwork migrate` as the daemon's role (the env file operations.md shows) or an app's
+    answered "permission denied for table ..." (exit 3), even with nothing to migrate. It says in
+    one line that it runs as the schema's owner (exit 2), and changes nothing."""
+    for grant in ("pgwork_daemon", "pgwork_app"):
+        role = f"pgwork_t_{grant}_{os.getpid()}"
+        await conn.execute(f"DROP ROLE IF EXISTS {role}")
+        await conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {grant}")
+        try:
+            r = pgwork("migrate", dsn=psycopg.conninfo.make_conninfo(dsn, user=role))
+            assert r.returncode == 2, (grant, r.returncode, r.stderr)
+            assert r.stderr.count("\n") == 1 and "schema's owner" in r.stderr, r.stderr
+            assert role in r.stderr, r.stderr
+        finally:
+            await conn.execute(f"DROP OWNED BY {role}")
+            await conn.execute(f"DROP ROLE {role}")
+    got = await rows(conn, "SELECT migration_requester FROM pgwork.schema_version")
+    assert got == [{"migration_requester": None}]
+
+
+async def test_a_reminder_set_aside_for_a_zone_the_server_does_not_know_can_be_inspected(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The one reminder an operator needs to see: written around the triggers in a zone the
+    server does not know, it is set aside by the materialiser. `pgwork reminder` answered
+    `database error: time zone "Mars/Olympus" not recognized` (exit 3); it now shows the
+    reminder as stored and why its next sends cannot be worked out (text and JSON)."""
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
+        "channel, recipient, next_fire_at) VALUES ('mars', 'base:1', now(), "
+        "now() AT TIME ZONE 'UTC', 'Mars/Olympus', 'log', 'r', now() - interval '1 minute')"
+    )
+    await conn.execute("RESET session_replication_role")
+    r = pgwork("reminder", "mars", "base:1", dsn=dsn)
+    assert r.returncode == 0, r.stderr
+    assert "Mars/Olympus" in r.stdout and "cannot be worked out" in r.stdout, r.stdout
+    js = json.loads(pgwork("reminder", "mars", "base:1", "--json", dsn=dsn).stdout)
+    assert js["reminder"]["due_tz"] == "Mars/Olympus"
+    assert js["upcoming"] == [] and 'time zone "Mars/Olympus"' in js["upcoming_error"], js

@@ -478,3 +478,26 @@ async def test_a_csrf_cookie_planted_from_another_port_or_a_null_origin_is_refus
             assert r.status == 403
     got = await rows(conn, "SELECT status FROM pgwork.renewal_work WHERE id = %s", (dead,))
     assert got == [{"status": "dead"}]
+
+
+async def test_a_reminder_set_aside_for_an_unknown_zone_has_a_page_that_says_why(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Written around the triggers in a zone the server does not know, the reminder the
+    materialiser sets aside answered 500 with a traceback in the log; its page now shows it as
+    stored and why its next sends cannot be worked out."""
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
+        "channel, recipient) VALUES ('mars', 'base:1', now(), now() AT TIME ZONE 'UTC', "
+        "'Mars/Olympus', 'log', 'r')"
+    )
+    await conn.execute("RESET session_replication_role")
+    async with _serving(dsn) as url, _client() as s:
+        status, html = await _get(s, f"{url}/reminder?source=mars&key=base:1")
+        assert status == 200, html
+        assert "cannot be worked out" in html and "Mars/Olympus" in html
+        async with s.get(f"{url}/reminder?source=mars&key=base:1&format=json") as r:
+            assert r.status == 200
+            doc = await r.json()
+    assert 'time zone "Mars/Olympus"' in doc["upcoming_error"]

@@ -51,6 +51,11 @@ def render(h: History) -> str:
             + (f" · recur {r['recur']}" if r["recur"] else "")
             + (" · PAUSED" if r["paused"] else "")
         )
+        if h.upcoming_error is not None:
+            out.append(
+                f"  its next sends cannot be worked out ({h.upcoming_error}): the materialiser "
+                "sets it aside and names it in its log; fix or delete the row"
+            )
         if h.upcoming:
             out += [
                 "",
