@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -47,3 +48,17 @@ def say_duration(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:g}s"
     return f"{seconds * 1000:g}ms"
+
+
+def interval_text(td: timedelta) -> str:
+    """``td`` as PostgreSQL writes an interval (IntervalStyle postgres): ``7 days``,
+    ``1 day 02:00:00``, ``00:00:00.005007``, ``-1 days +20:55:00``; how a database value is shown
+    to an operator (Python's own ``7 days, 0:00:00`` reads as two values in a list)."""
+    days, secs, us = td.days, td.seconds, td.microseconds
+    parts = [f"{days} day{'' if days == 1 else 's'}"] if days else []
+    if secs or us or not days:
+        h, rest = divmod(secs, 3600)
+        m, sec = divmod(rest, 60)
+        clock = f"{h:02d}:{m:02d}:{sec:02d}" + (f".{us:06d}".rstrip("0") if us else "")
+        parts.append(("+" if days < 0 else "") + clock)
+    return " ".join(parts)

@@ -20,7 +20,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from html import escape
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import __version__, store
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
+from .durations import interval_text
 from .duties import gauges
 from .history import History, reminder_history, took_ms
 from .logs import personal_as
@@ -81,7 +82,14 @@ def _e(value: Any) -> str:
         return ""
     if isinstance(value, datetime):
         value = value.isoformat(sep=" ", timespec="seconds")
+    elif isinstance(value, timedelta):
+        value = interval_text(value)
     return escape(str(value), quote=True)
+
+
+def _json_value(value: Any) -> str:
+    """What json.dumps cannot write itself: an interval as PostgreSQL writes it, else text."""
+    return interval_text(value) if isinstance(value, timedelta) else str(value)
 
 
 def _table(headings: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
@@ -520,7 +528,7 @@ class WebApp:
             h = await reminder_history(conn, source=source, business_key=key)
         if self._param(request, "format") == "json":
             return web.Response(
-                text=json.dumps(self._redacted(h), default=str),
+                text=json.dumps(self._redacted(h), default=_json_value),
                 content_type="application/json",
                 status=200 if h.known else 404,
             )
@@ -564,7 +572,10 @@ class WebApp:
                             if r["due_local"] is None
                             else f"{_e(r['due_local'])} {_e(r['due_tz'])}",
                         ),
-                        ("remind before", _e(", ".join(str(b) for b in r["remind_before"]))),
+                        (
+                            "remind before",
+                            _e(", ".join(interval_text(b) for b in r["remind_before"])),
+                        ),
                         ("recur", _e(r["recur"])),
                         ("paused", "yes" if r["paused"] else "no"),
                     ]

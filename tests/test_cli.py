@@ -551,7 +551,7 @@ async def test_what_happened_to_a_reminder_every_occurrence_attempt_and_redrive(
     assert "retry" in r.stdout and "HTTP 503" not in r.stderr, r.stdout
     js = json.loads(pgwork("reminder", "leases", "lease:42", "--json", dsn=dsn).stdout)
     assert js["reminder"]["business_key"] == "lease:42"
-    (first,) = [o for o in js["occurrences"] if o["occurrence"] == "0:00:00"]
+    (first,) = [o for o in js["occurrences"] if o["occurrence"] == "00:00:00"]
     ledger = first["attempts_ledger"]
     assert [a["outcome"] for a in ledger] == ["retry", "delivered"], ledger
     assert ledger[0]["http_status"] == 503 and ledger[0]["retry_at"] is not None
@@ -779,3 +779,33 @@ async def test_a_reminder_set_aside_for_a_zone_the_server_does_not_know_can_be_i
     js = json.loads(pgwork("reminder", "mars", "base:1", "--json", dsn=dsn).stdout)
     assert js["reminder"]["due_tz"] == "Mars/Olympus"
     assert js["upcoming"] == [] and 'time zone "Mars/Olympus"' in js["upcoming_error"], js
+
+
+async def test_intervals_are_printed_as_postgresql_writes_them(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`pgwork reminder` printed intervals as Python does (`remind_before {7 days, 0:00:00,
+    0:00:00}` for '{7 days, 0}': three items for two), and its JSON `"took": "0:00:00.005"`.
+    They are written as PostgreSQL writes an interval, each the same value as the database's
+    own text for it."""
+    from datetime import timedelta
+
+    from pgwork.durations import interval_text
+
+    for td in (
+        timedelta(0),
+        timedelta(days=7),
+        timedelta(days=1, hours=2),
+        timedelta(microseconds=5007),
+        timedelta(hours=-3, minutes=-5),
+        timedelta(days=-1, seconds=30),
+        timedelta(days=400, seconds=59, microseconds=1),
+    ):
+        got = await rows(conn, "SELECT %s::interval::text AS t", (td,))
+        assert interval_text(td) == got[0]["t"], td
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, channel, "
+        "recipient) VALUES ('s', 'k', now() + interval '30 days', '{7 days, 0}', 'log', 'r')"
+    )
+    r = pgwork("reminder", "s", "k", dsn=dsn)
+    assert "remind_before {7 days, 00:00:00}" in r.stdout, r.stdout

@@ -501,3 +501,19 @@ async def test_a_reminder_set_aside_for_an_unknown_zone_has_a_page_that_says_why
             assert r.status == 200
             doc = await r.json()
     assert 'time zone "Mars/Olympus"' in doc["upcoming_error"]
+
+
+async def test_the_reminder_page_writes_intervals_as_postgresql_does(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Its HTML and JSON wrote intervals as Python does (`7 days, 0:00:00`)."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, channel, "
+        "recipient) VALUES ('s', 'k', now() + interval '30 days', '{7 days, 0}', 'log', 'r')"
+    )
+    async with _serving(dsn) as url, _client() as s:
+        status, html = await _get(s, f"{url}/reminder?source=s&key=k")
+        async with s.get(f"{url}/reminder?source=s&key=k&format=json") as r:
+            doc = await r.json()
+    assert status == 200 and "7 days, 00:00:00" in html and "0:00:00," not in html
+    assert doc["reminder"]["remind_before"] == ["7 days", "00:00:00"]

@@ -19,7 +19,7 @@ import psycopg
 
 from .. import db, store
 from ..config import ChannelConfig, Config, ConfigError
-from ..durations import parse_duration
+from ..durations import interval_text, parse_duration
 from ..embedded import LocalServer
 
 LIBPQ_ENV = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
@@ -144,7 +144,7 @@ def fmt(v: Any) -> str:
     if isinstance(v, datetime):
         return v.isoformat(sep=" ", timespec="seconds")
     if isinstance(v, timedelta):
-        return str(v)
+        return interval_text(v)
     if isinstance(v, float):
         return f"{v:.3f}"
     return str(v)
