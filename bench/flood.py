@@ -27,12 +27,11 @@ from pgwork import db
 from pgwork.daemon import Daemon
 from pgwork.embedded import LocalServer
 
+from .heavy_series import EVERY_MINUTE, RULES
 from .workloads import daemon_config, migrate_with_noop
 
-EVERY_MINUTE = "FREQ=DAILY;BYHOUR={};BYMINUTE={}".format(
-    ",".join(str(h) for h in range(24)), ",".join(str(m) for m in range(60))
-)
-SIXTEEN = "{" + ", ".join(f"{i * 25} days" for i in range(16)) + "}"
+#: The issue's heaviest valid series: 16 remind_before entries over 0-375 days.
+SIXTEEN = RULES["A"]
 
 
 async def _probe(dsn: str, key: str, timeout: float) -> float:

@@ -46,6 +46,26 @@ class MigrateRefused(SchemaError):
     """`pgwork migrate` did not start: daemons that cannot step aside are running (named)."""
 
 
+#: SQLSTATE classes of errors that are no reminder's doing: the connection (08), the transaction
+#: (25, 40: a serialization failure or deadlock), a statement the server will not run (42: a
+#: privilege, an undefined object), the server's resources (53), a lock not available (55), the
+#: server's operator (57: a shutdown; not 57014, a statement timeout, which one row can cause),
+#: the server's own system (58), its configuration (F0).
+NO_ROWS_DOING = frozenset({"08", "25", "40", "42", "53", "55", "57", "58", "F0"})
+
+
+def one_rows_doing(e: BaseException) -> bool:
+    """Whether a statement's error may be one row's doing, decided by its SQLSTATE's class, so
+    that no class of error a row can cause is missed: everything but ``NO_ROWS_DOING`` (a data
+    error, a cardinality or constraint violation, a RAISE, a statement timeout, a limit of the
+    server, a row it cannot read...). A materialiser page that fails so is retried in halves to
+    find the reminder; the history of a reminder shows the rest of what happened to it. An
+    error with no SQLSTATE (a lost connection) is nobody's row."""
+    if not isinstance(e, psycopg.DatabaseError) or e.sqlstate is None:
+        return False
+    return e.sqlstate == "57014" or e.sqlstate[:2] not in NO_ROWS_DOING
+
+
 def redact(text: str) -> str:
     """``text`` with anything that looks like a password removed (DSNs, URIs, error messages)."""
     if "://" not in text and "password" not in text.casefold():

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from . import store
-from .duties.materialise import one_rows_doing
+from .db import one_rows_doing
 from .store import Conn
 
 #: How many occurrences (work rows, tombstones) are shown, the latest first.

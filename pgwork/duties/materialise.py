@@ -17,6 +17,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .. import store
+from ..db import one_rows_doing
 from ..supervise import Next, Supervisor
 from ..waker import Waker, WakerGroup
 
@@ -47,16 +48,7 @@ async def warm_pages(pool: AsyncConnectionPool[AsyncConnection[Any]], size: int)
         for _ in range(size):
             conns.append(await pool.getconn(timeout=5))
         for conn in conns:
-            page, _ = await store.materialise_page(
-                conn,
-                coordinate=True,
-                cutoff=None,
-                lookahead=timedelta(0),
-                after_at=None,
-                after_id=0,
-                limit=0,
-            )
-            warmed += page is not None
+            warmed += await _page_of_none(conn) is not None
     except psycopg.Error as e:  # PoolTimeout, a lost connection, a failed page
         log.warning(
             "could not warm the pool's connections (%d of %d): %s",
@@ -69,25 +61,6 @@ async def warm_pages(pool: AsyncConnectionPool[AsyncConnection[Any]], size: int)
         for conn in conns:
             await pool.putconn(conn)
     return warmed
-
-
-#: SQLSTATE classes of errors that are no reminder's doing: the connection (08), the transaction
-#: (25, 40: a serialization failure or deadlock), a statement the server will not run (42: a
-#: privilege, an undefined object), the server's resources (53), a lock not available (55), the
-#: server's operator (57: a shutdown; not 57014, a statement timeout, which one row can cause),
-#: the server's own system (58), its configuration (F0).
-NO_ROWS_DOING = frozenset({"08", "25", "40", "42", "53", "55", "57", "58", "F0"})
-
-
-def one_rows_doing(e: BaseException) -> bool:
-    """Whether a page's error may be one reminder's doing, decided by its SQLSTATE's class, so
-    that no class of error a row can cause is missed: everything but ``NO_ROWS_DOING`` (a data
-    error, a cardinality or constraint violation, a RAISE, a statement timeout, a limit of the
-    server, a row it cannot read...). Such a page is retried in halves to find the reminder. An
-    error with no SQLSTATE (a lost connection) is nobody's row."""
-    if not isinstance(e, psycopg.DatabaseError) or e.sqlstate is None:
-        return False
-    return e.sqlstate == "57014" or e.sqlstate[:2] not in NO_ROWS_DOING
 
 
 class SetAside:
@@ -383,22 +356,35 @@ async def run_once(
     )
 
 
+async def _page_of_none(
+    conn: AsyncConnection[Any],
+    *,
+    coordinate: bool = True,
+    cutoff: datetime | None = None,
+    origin: str = "",
+) -> store.Page | None:
+    """A page that reads no reminder (a limit of 0): it takes the coordination lock, plans the
+    page's statements, and makes and changes nothing."""
+    page, _ = await store.materialise_page(
+        conn,
+        coordinate=coordinate,
+        cutoff=cutoff,
+        lookahead=timedelta(0),
+        after_at=None,
+        after_id=0,
+        limit=0,
+        origin=origin,
+    )
+    return page
+
+
 async def _page_of_none_runs(
     conn: AsyncConnection[Any], coordinate: bool, cutoff: datetime | None, origin: str
 ) -> bool:
     """Whether a page of no reminder runs: one that fails too failed for no reminder's sake (a
     function or privilege missing, the server refusing), so nothing is set aside for it."""
     try:
-        await store.materialise_page(
-            conn,
-            coordinate=coordinate,
-            cutoff=cutoff,
-            lookahead=timedelta(0),
-            after_at=None,
-            after_id=0,
-            limit=0,
-            origin=origin,
-        )
+        await _page_of_none(conn, coordinate=coordinate, cutoff=cutoff, origin=origin)
     except psycopg.DatabaseError:
         return False
     return True
