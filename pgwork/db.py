@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from . import SCHEMA_VERSION, store
-from .queries import Step, code_sql, migration_sql, split_migration, tables_sql
+from .queries import Step, code_functions, code_sql, migration_sql, split_migration, tables_sql
 from .supervise import Backoff
 
 log = logging.getLogger("pgwork.db")
@@ -603,7 +603,13 @@ async def _migrate_once(
             await conn.execute(step.before)
         # The code once, as it is now (a renamed or dropped signature is a migration's DROP):
         # the functions, the backfills that call them, then what locks the apps' tables, so
-        # that those locks are held only until the commit that follows.
+        # that those locks are held only until the commit that follows. Its functions are
+        # created first, and any other overload of their names dropped: one an older install
+        # left (a signature changed within a version) would make every reference ambiguous.
+        creates, names = code_functions()
+        await conn.execute(creates)
+        for dropped in await store.code_drop_stale(conn, names=list(names)):
+            log.warning("migrate: %s (a signature this code no longer has)", dropped)
         functions, attaches = code_sql()
         await conn.execute(functions)
         for step in steps:

@@ -123,6 +123,21 @@ def code_sql() -> tuple[LiteralString, LiteralString]:
     )
 
 
+_CREATES_FUNCTION = re.compile(r"\s*(?:--[^\n]*\n\s*)*CREATE OR REPLACE FUNCTION pgwork\.(\w+)\(")
+
+
+def code_functions() -> tuple[LiteralString, tuple[str, ...]]:
+    """The code's CREATE OR REPLACE FUNCTION statements, in order, and the names they define."""
+    creates: list[str] = []
+    names: list[str] = []
+    for name in CODE:
+        for statement in statements(_read(f"code/{name}.sql")):
+            if m := _CREATES_FUNCTION.match(statement):
+                creates.append(statement)
+                names.append(m.group(1))
+    return cast(LiteralString, "".join(creates)), tuple(names)  # type: ignore[redundant-cast]
+
+
 _DOLLAR = re.compile(r"\$\w*\$")
 
 

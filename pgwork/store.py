@@ -197,6 +197,16 @@ async def index_drop_concurrently(conn: Conn, *, name: str) -> None:
     await conn.execute(cast(LiteralString, got[0]["statement"]))
 
 
+async def code_drop_stale(conn: Conn, *, names: list[str]) -> list[str]:
+    """Drop each overload of a code function's name that this migration did not write; returns
+    the statements run."""
+    got = await _dicts(conn, "code_drop_stale", {"names": names})
+    for r in got:
+        # The statement the server quoted (regprocedure), for a function it found in pgwork.
+        await conn.execute(cast(LiteralString, r["statement"]))
+    return [r["statement"] for r in got]
+
+
 async def session_unbounded(conn: Conn) -> None:
     await _exec(conn, "session_unbounded")
 

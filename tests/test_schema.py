@@ -130,6 +130,14 @@ async def test_upgrade_equals_a_fresh_install(
 ) -> None:
     """Every migration brings an existing database to exactly the schema a fresh install has."""
     schema = (Path(__file__).parent / "data" / f"schema_v{old}.sql").read_text()
+    await assert_upgrade_equals_a_fresh_install(schema, old, empty_dsn, conn)
+
+
+async def assert_upgrade_equals_a_fresh_install(
+    schema: str, old: int, empty_dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """``schema`` (a fresh install of version ``old``), with a reminder, migrated: the catalog
+    is ``conn``'s (a fresh install of this tree) and the reminder is kept."""
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute(schema)
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
@@ -149,6 +157,31 @@ async def test_upgrade_equals_a_fresh_install(
     fresh = await _catalog(conn)
     for part in fresh:
         assert upgraded[part] == fresh[part], part
+
+
+async def test_an_upgrade_drops_a_signature_the_code_no_longer_has(
+    empty_dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A database installed by a commit whose function had another signature than the one its
+    version ended with (d7e7eec, the first schema 14: materialise_page without ``aside``) kept
+    that overload: the code's ``COMMENT ON FUNCTION pgwork.materialise_page`` then failed on every
+    upgrade ('function name "pgwork.materialise_page" is not unique', exit 3, no way forward).
+    The code is the one definition of its functions: an overload it does not define is dropped."""
+    schema = (Path(__file__).parent / "data" / "schema_v21.sql").read_text()
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        await c.execute(schema)
+        await c.execute(
+            "CREATE FUNCTION pgwork.materialise_page(coordinate boolean, cutoff_at timestamptz,"
+            " lookahead interval, after_at timestamptz, after_id bigint, page_limit integer,"
+            " origin text, take jsonb, claim_lease interval, daemon_id text) RETURNS bigint"
+            " LANGUAGE sql AS 'SELECT 1::bigint'"
+        )
+        said = await db.migrate(c)
+        assert f"upgraded pgwork schema from version 21 to {SCHEMA_VERSION}" in said
+        await db.check_schema(c)
+        upgraded = await _catalog(c)
+    fresh = await _catalog(conn)
+    assert upgraded["function_comments_and_acls"] == fresh["function_comments_and_acls"]
 
 
 async def test_an_upgrade_names_keys_the_new_space_rule_refuses(empty_dsn: str) -> None:

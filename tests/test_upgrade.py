@@ -330,3 +330,23 @@ async def test_two_migrates_at_once_serialise_and_the_second_finds_nothing_to_do
         conn, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'pgwork.test_only_idx'::regclass"
     )
     assert valid == [{"indisvalid": True}]
+
+
+#: The first commit of schema 14, whose materialise_page had a signature the version did not keep.
+FIRST_SCHEMA_14_COMMIT = "d7e7eec"
+
+
+async def test_a_database_installed_by_the_first_schema_14_commit_upgrades(
+    empty_dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Installed by d7e7eec's schema.sql, with a reminder: `pgwork migrate` failed on every
+    attempt ('function name "pgwork.materialise_page" is not unique', exit 3). Now it upgrades to
+    what a fresh install has, and the reminder is kept."""
+    from .test_schema import assert_upgrade_equals_a_fresh_install
+
+    r = await anyio.run_process(
+        ["git", "-C", str(ROOT), "show", f"{FIRST_SCHEMA_14_COMMIT}:schema.sql"], check=False
+    )
+    if r.returncode != 0:
+        pytest.skip(f"no git history with {FIRST_SCHEMA_14_COMMIT} here: {r.stderr[:200]!r}")
+    await assert_upgrade_equals_a_fresh_install(r.stdout.decode(), 14, empty_dsn, conn)

@@ -169,6 +169,18 @@ SELECT a.pid, a.usename::text AS usename, a.application_name, a.client_addr::tex
 -- For the migration's transaction: a bounded wait for each lock, no bound on a statement.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true), set_config('statement_timeout', '0', true)
 
+-- name: code_drop_stale
+-- In a migration, after the code's CREATE OR REPLACE FUNCTION statements ran: the statements that
+-- drop each other overload of a name the code defines (one this transaction did not write). The
+-- code is the one definition of its functions; an overload left by an older install (a signature
+-- a commit changed within one schema version) would make every unqualified reference to the name
+-- ambiguous. Quoted by the server (regprocedure).
+SELECT format('DROP FUNCTION %%s', p.oid::regprocedure) AS statement
+  FROM pg_proc p
+ WHERE p.pronamespace = 'pgwork'::regnamespace AND p.proname = ANY (%(names)s::text[])
+   AND p.xmin <> pg_current_xact_id()::xid
+ ORDER BY p.oid
+
 -- name: time_zones_refresh
 -- The zone names local-time reminders may use, from the server's tz database (every migrate run:
 -- a server upgrade can bring new zones). Names are never removed: reminders may use them.
