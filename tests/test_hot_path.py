@@ -282,6 +282,51 @@ async def test_outcomes_applied_now_do_not_read_the_ledger(
     assert ledger and all(n["Actual Loops"] == 0 for n in ledger), ledger
 
 
+async def test_a_late_outcome_reads_the_ledger_by_key_however_the_flush_was_planned(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A record record_outcomes cannot apply (a late outcome, or a retried write) is looked up in
+    the ledger, which keeps every attempt until retention. A daemon's session plans the flush once
+    (db.PLAN_ONCE), maybe on a fresh install's ledger of a few rows, where a sequential scan is
+    the cheapest plan: kept, every late outcome would read every attempt ever recorded. The
+    lookup reads by key however it was planned (a guard: it does on PostgreSQL 15 and 18; with
+    index scans turned off in the daemon's session this test fails, reading 20,000 rows)."""
+    await add(conn, "late", "now() - interval '1 minute'")
+    await conn.execute("ALTER TABLE pgwork.attempt SET (autovacuum_enabled = off)")
+    await conn.execute(
+        "INSERT INTO pgwork.attempt (work_id, lease, attempt, daemon_id, host, pid,"
+        " started_at, finished_at, outcome) SELECT -g, 1, 1, 'd0', 'h', 1, now(), now(),"
+        " 'delivered' FROM generate_series(20001, 20010) g"
+    )
+    await conn.execute("VACUUM ANALYZE pgwork.attempt")  # the statistics say: ten attempts
+    pool = db.make_pool(dsn, 1, 5, plan_once=True)
+    await pool.open(wait=True)
+    try:
+        async with pool.connection() as daemon:
+            await materialiser.run_once(daemon, lookahead=0, page_size=100)
+            (row,) = await store.claim_work(daemon, request(limit=1))
+            late = Record(row.id, row.lease - 1, row.attempts, "test", "delivered", "delivered",
+                          None, 0.0, 0.0).json_text(0.0)  # fmt: skip
+            for _ in range(3):  # the flush planned while the ledger is empty
+                await store.record_outcomes(daemon, outcomes="[]", daemon_id="d1", host="h", pid=1)
+            # 20,000 attempts of other rows, as a ledger keeps them until retention.
+            await conn.execute(
+                "INSERT INTO pgwork.attempt (work_id, lease, attempt, daemon_id, host, pid,"
+                " started_at, finished_at, outcome) SELECT -g, 1, 1, 'd0', 'h', 1, now(), now(),"
+                " 'delivered' FROM generate_series(1, 20000) g"
+            )
+            async with daemon.transaction():
+                (fenced,) = await store.record_outcomes(
+                    daemon, outcomes=f"[{late}]", daemon_id="d1", host="h", pid=1
+                )
+                read = await _seq_read(daemon, "attempt")
+                raise psycopg.Rollback()
+    finally:
+        await pool.close()
+    assert fenced.fenced_id == row.id and not fenced.already
+    assert read["attempt"] <= 10, read
+
+
 async def _rows_read(conn: psycopg.AsyncConnection[Any], sql: str, params: Any) -> list[int]:
     """How many rows of renewal_work each scan of ``sql`` looked at (returned or filtered out),
     for the plan as sent with ``params`` (a custom plan) and for its generic plan (the one a
