@@ -182,11 +182,16 @@ async def probe(dsn: str, timeout: float, pooled: bool = False) -> None:
 
 
 #: What a server answers, as libpq reports it, when a connection will never be let in as it
-#: is: the database or the role does not exist, the password or the method is refused. (Its
-#: English text: a server with other lc_messages is retried as any other failure.)
+#: is: the database or the role does not exist, the password or the method is refused; or what
+#: libpq says of a TLS setting the server cannot meet. (Its English text: a server with other
+#: lc_messages is retried as any other failure.)
 _REFUSED_FOR_GOOD = re.compile(
     r'FATAL:\s+(database ".*" does not exist|role ".*" does not exist'
     r"|password authentication failed|no pg_hba\.conf entry|.* authentication failed)"
+    # libpq's own: the DSN asks for TLS the server does not offer, or cannot verify.
+    r"|server does not support SSL, but SSL was required"
+    r'|root certificate file ".*" does not exist'
+    r'|server certificate for ".*" does not match host name'
 )
 
 

@@ -293,6 +293,17 @@ def test_run_fails_fast_when_the_database_says_no_for_good(dsn: str, part: str, 
     assert last.startswith("pgwork: ") and f'{said} "nosuch" does not exist' in last, last
 
 
+@pytest.mark.parametrize("mode", ["require", "verify-full"])
+def test_run_fails_fast_when_tls_is_required_of_a_server_without_it(dsn: str, mode: str) -> None:
+    """`sslmode=require` (the shipped env file says verify-full) against a server without TLS:
+    `pgwork run` retried for ever while `pgwork status` failed at once. Nothing a retry changes
+    (the server's configuration or the DSN must): exit 3, one line naming it."""
+    r = pgwork("run", dsn=psycopg.conninfo.make_conninfo(dsn, sslmode=mode))
+    assert r.returncode == 3, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("pgwork: ") and "server does not support SSL" in last, last
+
+
 @pytest.mark.parametrize("args", [["status"], ["psql", "-c", "SELECT 1"], ["dlq", "list"]])
 def test_a_command_outside_a_project_makes_no_empty_cluster(
     tmp_path: Path, args: list[str]
