@@ -606,7 +606,7 @@ async def _migrate_once(
             await store.migrate_lock_apps_tables(conn)
         for step in steps:
             await conn.execute(step.before)
-        # The code once, as it is now (a renamed or dropped signature is a migration's DROP):
+        # The code once, as it is now (a function that goes is a migration's DROP):
         # the functions, the backfills that call them, then what locks the apps' tables, so
         # that those locks are held only until the commit that follows. Its functions are
         # created first, and any other overload of their names dropped: one an older install
