@@ -182,12 +182,14 @@ async def _day(conn: psycopg.AsyncConnection[Any], days: int) -> str:
 
 
 async def _next(conn: psycopg.AsyncConnection[Any], k: int) -> str:
-    """The k-th 09:00 (UTC) after now: with no 09:00 between now and the first (a daily series
-    moved back in time has none to make before it, whatever the time of day the test runs)."""
+    """The k-th deadline of a daily series at the hour two hours from now (UTC): with no deadline
+    of that series between now and the first in UTC, nor in UTC-1, the zone the test moves it
+    to (an hour later), so a daily series moved back in time has none to make before it,
+    whatever the time of day the test runs. (At a fixed 09:00, from 09:00 to 10:00 UTC the
+    first was tomorrow's while today's 09:00 of UTC-1 was still ahead: the last step made it.)"""
     r = await rows(
-        conn, "SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '9 hours' "
-        "+ (%s - 1 + CASE WHEN (now() AT TIME ZONE 'UTC')::time >= '09:00' THEN 1 ELSE 0 END) "
-        "* interval '1 day')::text AS t", (k,),
+        conn, "SELECT (date_trunc('hour', now() AT TIME ZONE 'UTC') + interval '2 hours' "
+        "+ (%s - 1) * interval '1 day')::text AS t", (k,),
     )  # fmt: skip
     return str(r[0]["t"])
 
