@@ -286,32 +286,87 @@ COMMENT ON COLUMN pgwork.renewal_work.due_at IS 'When this occurrence should be 
 COMMENT ON COLUMN pgwork.renewal_work.operation_id IS
     'Stable idempotency key of this occurrence: the same on every attempt and after redrive.';
 COMMENT ON COLUMN pgwork.renewal_work.status IS
-    'ready: waiting for available_at; claimed: a worker holds a lease until available_at; '
+    'ready: live, to be sent (claimable from available_at when it has a pgwork.work_ready row, '
+    'held by a worker when it has a pgwork.work_lease row: "claimed" is that row, never stored here); '
     'delivered, dead, cancelled, superseded, expired: terminal (expired: past the channel''s '
     'expire_after, or skipped by its catch_up policy; never sent; last_error says why).';
 COMMENT ON COLUMN pgwork.renewal_work.available_at IS
-    'ready: not claimable before this instant (due time or retry backoff). claimed: lease expiry; '
-    'an expired lease is claimable again by the ordinary claim.';
+    'ready: not claimable before this instant (due time or retry backoff); a lease''s expiry is '
+    'pgwork.work_lease.expires_at.';
 COMMENT ON COLUMN pgwork.renewal_work.attempts IS 'Attempts counted against the budget (a clean release on shutdown does not count).';
 COMMENT ON COLUMN pgwork.renewal_work.attempts_base IS 'Attempts made before the last redrive; the budget applies to attempts - attempts_base.';
 COMMENT ON COLUMN pgwork.renewal_work.lease IS
-    'Fencing token: incremented by every claim. Every later change of a claimed row must name the '
-    'lease it claimed, so a worker whose lease expired cannot overwrite its successor''s outcome.';
+    'Fencing token of the last lease settled (an outcome, a release, a close): a claim takes the '
+    'next number in pgwork.work_lease, and every later change must name it, so a worker whose lease '
+    'expired cannot overwrite its successor''s outcome.';
 
--- The claim's index: small (only live rows), ordered like the claim within each source (the
--- claim takes the oldest rows of the sources whose turn it is, see pgwork.lane).
+-- No index of renewal_work depends on a live row's status or time (the claim's order is
+-- pgwork.work_ready's, leases are pgwork.work_lease's): an outcome's update writes the keys
+-- below and, for a terminal row, work_terminal.
 -- A recurring reminder's occurrences are identified by their local deadline.
 CREATE UNIQUE INDEX work_series_occurrence_unique ON pgwork.renewal_work (reminder_id, deadline_local, occurrence)
     WHERE deadline_local IS NOT NULL;
-CREATE INDEX work_claimable ON pgwork.renewal_work (channel, source, available_at, id)
-    WHERE status IN ('ready', 'claimed');
 -- Retention and DLQ listings.
 CREATE INDEX work_terminal ON pgwork.renewal_work (finished_at, id)
     WHERE status IN ('delivered', 'dead', 'cancelled', 'superseded', 'expired');
--- Rows claimed now, per channel: what global_concurrency and a throttle count (live leases only).
-CREATE INDEX work_held ON pgwork.renewal_work (channel, available_at) WHERE status = 'claimed';
 -- Dead letters: their count (a gauge) and listing cost O(dead rows), not O(retained rows).
 CREATE INDEX work_dead ON pgwork.renewal_work (channel, finished_at, id) WHERE status = 'dead';
+
+-- The queue beside the record: a live occurrence of renewal_work has exactly one row in
+-- work_ready (waiting for its turn) or in work_lease (held by a worker), a terminal one neither
+-- (pgwork.work_invariant checks it). A claim moves rows from the one to the other and writes
+-- nothing to renewal_work; an outcome deletes the lease and updates the record once. Both are
+-- small (live rows only) and churn: vacuumed after a few hundred changes.
+CREATE TABLE pgwork.work_ready (
+    work_id      bigint PRIMARY KEY,
+    channel      text NOT NULL,
+    source       text NOT NULL,
+    available_at timestamptz NOT NULL,
+    due_at       timestamptz NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 200,
+    autovacuum_vacuum_insert_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 0
+);
+COMMENT ON TABLE pgwork.work_ready IS
+    'Live occurrences no worker holds, in claim order per channel and source: inserted when an '
+    'occurrence is made, retried, given back, redriven or revived; deleted by the claim that takes '
+    'it or the edit that closes it. Written only by pgwork.';
+COMMENT ON COLUMN pgwork.work_ready.available_at IS
+    'Not claimable before this instant (due time or retry backoff); renewal_work.available_at too.';
+COMMENT ON COLUMN pgwork.work_ready.due_at IS 'The occurrence''s due time (renewal_work.due_at): lag is read here.';
+-- The claim's order (the lanes' ready_from is a position in it).
+CREATE INDEX work_ready_order ON pgwork.work_ready (channel, source, available_at, work_id);
+
+CREATE TABLE pgwork.work_lease (
+    work_id    bigint PRIMARY KEY,
+    lease      integer NOT NULL CHECK (lease > 0),
+    attempts   integer NOT NULL CHECK (attempts > 0),
+    channel    text NOT NULL,
+    source     text NOT NULL,
+    due_at     timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    claimed_by text NOT NULL,
+    claimed_at timestamptz NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 200,
+    autovacuum_vacuum_insert_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 0
+);
+COMMENT ON TABLE pgwork.work_lease IS
+    'Occurrences a worker holds (their status is "claimed"): inserted by the claim, deleted by the '
+    'outcome, a release or a close. No row for (work_id, lease): that lease is fenced.';
+COMMENT ON COLUMN pgwork.work_lease.lease IS
+    'The fencing number this claim holds: renewal_work.lease + 1 (the record keeps the last settled).';
+COMMENT ON COLUMN pgwork.work_lease.attempts IS 'renewal_work.attempts with this attempt counted.';
+COMMENT ON COLUMN pgwork.work_lease.expires_at IS 'The lease''s end: past it, the row is claimable again (a reclaim).';
+-- Leases per channel by expiry: what global_concurrency and a throttle count (live ones), and
+-- where a claim finds expired ones.
+CREATE INDEX work_lease_expiry ON pgwork.work_lease (channel, expires_at);
 
 -- The row a claim hands a worker, declared once: claim_work returns it, and so does the page for
 -- the rows it inserts claimed (pgwork.as_claimed makes one from a work row); store.Claimed is
@@ -469,7 +524,7 @@ COMMENT ON COLUMN pgwork.daemon.schema_version IS
 -- served lane to the back (turn_at = now) or to its next row's time, or deletes it when it has no
 -- ready row left. Every statement that makes a row ready brings its lane's turn forward
 -- (pgwork.wake_lanes, a trigger): a lane is never later than its ready rows.
--- Rows claimed under a lease are not in lanes: an expired lease is found through work_held.
+-- Rows claimed under a lease are not in lanes: an expired lease is found through work_lease_expiry.
 CREATE TABLE pgwork.lane (
     channel text NOT NULL,
     source  text NOT NULL,
@@ -485,8 +540,8 @@ COMMENT ON COLUMN pgwork.lane.turn_at IS
     'When the source is next served: its oldest ready row''s time, or when it was last served while '
     'more rows were due (the back of the line). Never later than its ready rows.';
 COMMENT ON COLUMN pgwork.lane.ready_from IS
-    'With ready_from_id, where the source''s ready rows start in work_claimable''s order: none has '
-    'an (available_at, id) below (ready_from, ready_from_id) (-infinity: not known). Its claims '
+    'With ready_from_id, where the source''s ready rows start in work_ready_order''s order: none has '
+    'an (available_at, work_id) below (ready_from, ready_from_id) (-infinity: not known). Its claims '
     'read from here, past the entries the rows taken before them left behind until a vacuum. Set by '
     'the claim that serves the lane (its next ready row), brought forward by pgwork.wake_lanes.';
 COMMENT ON COLUMN pgwork.lane.ready_from_id IS 'See ready_from.';

@@ -517,25 +517,30 @@ def _step(version: int, extra: Mapping[int, str]) -> Step:
 
 
 _INDEX_NAME = re.compile(r"CREATE INDEX CONCURRENTLY IF NOT EXISTS (\w+)", re.IGNORECASE)
+_INDEX_DROP = re.compile(r"DROP INDEX CONCURRENTLY IF EXISTS ", re.IGNORECASE)
 
 
 async def _build_concurrently(
     conn: AsyncConnection[Any], version: int, extra: Mapping[int, str]
 ) -> None:
-    """The indexes the migrations up to ``version`` build after their commit: each that is
-    missing is built, one an interrupted build left invalid is dropped and built again. Outside
-    any transaction; each waits for the transactions already running, never stops a write."""
+    """The indexes the migrations up to ``version`` build or drop after their commit, in
+    order: each that is missing is built, one an interrupted build left invalid is dropped and
+    built again, one a later version dropped is dropped if it is there. Outside any
+    transaction; each waits for the transactions already running, never stops a write."""
     todo = [
-        (m.group(1), statement)
+        (m.group(1) if (m := _INDEX_NAME.search(statement)) is not None else None, statement)
         for n in range(2, version + 1)
         for statement in _step(n, extra).concurrently
-        if (m := _INDEX_NAME.search(statement)) is not None
+        if _INDEX_NAME.search(statement) is not None or _INDEX_DROP.search(statement) is not None
     ]
     if not todo:
         return
     await store.session_unbounded(conn)
     try:
         for name, statement in todo:
+            if name is None:
+                await conn.execute(statement)
+                continue
             valid = await store.index_valid(conn, name=name)
             if valid is True:
                 continue

@@ -116,10 +116,22 @@ def empty_dsn(admin_dsn: str) -> Iterator[str]:
 
 @pytest.fixture
 async def conn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A plain connection, as another app would have (no pgwork session settings)."""
+    """A plain connection, as another app would have (no pgwork session settings). When the
+    test is done, the queue's invariant must hold in its database (pgwork.work_invariant: every
+    live work row has one ready or lease row, a terminal one neither), whatever it did."""
     c = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     try:
         yield c
+        if not c.closed and c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            cur = await c.execute(
+                "SELECT to_regprocedure('pgwork.work_invariant()') IS NOT NULL"
+                " AND to_regclass('pgwork.work_ready') IS NOT NULL"
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                cur = await c.execute("SELECT * FROM pgwork.work_invariant() LIMIT 10")
+                broken = await cur.fetchall()
+                assert broken == [], f"the queue's invariant is broken: {broken}"
     finally:
         await c.close()
 

@@ -68,8 +68,52 @@ async def rows(
         return await cur.fetchall()
 
 
+#: Work rows as they stand: a record with its lease row applied (status 'claimed' while held).
+WORK_NOW = (
+    "SELECT n.* FROM pgwork.renewal_work r LEFT JOIN pgwork.work_lease l ON l.work_id = r.id "
+    "CROSS JOIN LATERAL pgwork.work_now(r, l) AS n"
+)
+
+
 async def work(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-    return await rows(conn, "SELECT * FROM pgwork.renewal_work ORDER BY id")
+    return await rows(conn, f"SELECT * FROM ({WORK_NOW}) AS w ORDER BY id")
+
+
+async def unclaim(conn: psycopg.AsyncConnection[Any], work_id: int) -> None:
+    """What a database crash leaves of a claim committed asynchronously: none of it (the row is
+    ready again under its old numbers)."""
+    await conn.execute(
+        "WITH gone AS (DELETE FROM pgwork.work_lease WHERE work_id = %(id)s RETURNING work_id) "
+        "INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at) "
+        "SELECT w.id, w.channel, w.source, now(), w.due_at FROM pgwork.renewal_work w "
+        "JOIN gone g ON g.work_id = w.id",
+        {"id": work_id},
+    )
+
+
+async def sync_queue(conn: psycopg.AsyncConnection[Any]) -> None:
+    """What pgwork's own statements do to the queue when they change a work record, for a test
+    that wrote records directly to set a state up: a closed record leaves work_ready and
+    work_lease; a live one no lease holds is ready in work_ready as its record says (inserted
+    again, so its lane is woken)."""
+    for sql in (
+        "DELETE FROM pgwork.work_ready q USING pgwork.renewal_work w"
+        " WHERE q.work_id = w.id AND (w.status <> 'ready' OR (q.channel, q.source, q.available_at,"
+        " q.due_at) IS DISTINCT FROM (w.channel, w.source, w.available_at, w.due_at))",
+        "DELETE FROM pgwork.work_lease l USING pgwork.renewal_work w"
+        " WHERE l.work_id = w.id AND w.status <> 'ready'",
+        "INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)"
+        " SELECT w.id, w.channel, w.source, w.available_at, w.due_at FROM pgwork.renewal_work w"
+        " WHERE w.status = 'ready'"
+        " AND NOT EXISTS (SELECT FROM pgwork.work_ready q WHERE q.work_id = w.id)"
+        " AND NOT EXISTS (SELECT FROM pgwork.work_lease l WHERE l.work_id = w.id)",
+    ):
+        await conn.execute(sql)
+
+
+async def assert_invariant(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The queue's invariant holds (pgwork.work_invariant finds no row that breaks it)."""
+    assert await rows(conn, "SELECT * FROM pgwork.work_invariant()") == []
 
 
 async def materialise(
@@ -209,7 +253,7 @@ async def until(
 
 
 async def count(conn: psycopg.AsyncConnection[Any], where: str = "true") -> int:
-    r = await rows(conn, f"SELECT count(*) AS n FROM pgwork.renewal_work WHERE {where}")
+    r = await rows(conn, f"SELECT count(*) AS n FROM ({WORK_NOW}) AS w WHERE {where}")
     return int(r[0]["n"])
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from pgwork import SCHEMA_VERSION, __version__, db
 
-from .helpers import add, claim, materialise, rows, until
+from .helpers import add, claim, materialise, rows, sync_queue, until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +139,7 @@ async def test_status_and_dlq_commands(dsn: str, conn: psycopg.AsyncConnection[A
         "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), attempts = 3, lease = 3, "
         "dead_reason = 'permanent failure: HTTP 400' WHERE business_key = 'dead-one'"
     )
+    await sync_queue(conn)
     st = pgwork("status", "--json", dsn=dsn)
     assert st.returncode == 0, st.stderr
     doc = json.loads(st.stdout)
@@ -238,11 +239,13 @@ async def test_what_waits_for_a_retry_and_when_is_shown(
         "'retry', 'HTTP 503', '2030-01-01 00:00+00')",
         (w["id"], w["lease"]),
     )
-    await conn.execute(
+    await conn.execute("DELETE FROM pgwork.work_lease WHERE work_id = %s", (w["id"],))
+    await conn.execute(  # what the outcome of that attempt writes
         "UPDATE pgwork.renewal_work SET status = 'ready', available_at = '2030-01-01 00:00+00', "
-        "last_error = 'HTTP 503' WHERE id = %s",
-        (w["id"],),
+        "lease = %s, attempts = %s, last_error = 'HTTP 503' WHERE id = %s",
+        (w["lease"], w["attempts"], w["id"]),
     )
+    await sync_queue(conn)
     shown = pgwork("dlq", "show", str(w["id"]), dsn=dsn)
     assert shown.returncode == 0, shown.stderr
     assert "retry_at" in shown.stdout and "2030-01-01" in shown.stdout, shown.stdout
@@ -668,6 +671,7 @@ async def test_a_stale_channel_is_named_by_max_lag_and_can_be_retired(
     await conn.execute(
         "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() WHERE status = 'ready'"
     )
+    await sync_queue(conn)
     assert pgwork("status", "--max-lag", "5m", dsn=dsn).returncode == 0
     r = pgwork("channel", "retire", "old-crm", dsn=dsn)
     assert r.returncode == 1 and "no channel named 'old-crm'" in r.stderr

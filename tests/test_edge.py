@@ -27,6 +27,7 @@ from .helpers import (
     running,
     settled,
     statement,
+    sync_queue,
     until,
     webhook_channel,
 )
@@ -481,6 +482,7 @@ async def test_redrive_selects_by_time_window_and_reason(
         "finished_at = CASE WHEN business_key LIKE 'old%%' THEN now() - interval '5 hours' "
         "  ELSE now() - interval '10 minutes' END"
     )
+    await sync_queue(conn)
     r = pgwork("dlq", "redrive", "1", "--since", "2h", dsn=dsn)
     assert r.returncode == 2 and "select among --all" in r.stderr
     r = pgwork("dlq", "redrive", "--all", "--since", "2h", "--reason-like", "%HTTP 5%", dsn=dsn)
@@ -700,6 +702,7 @@ async def test_a_redriven_row_older_than_expire_after_is_sent_not_expired(
         "UPDATE pgwork.renewal_work SET status = 'dead', dead_reason = 'permanent failure',"
         " finished_at = now(), due_at = now() - interval '2 hours'"
     )
+    await sync_queue(conn)
     (redriven,) = await statement(
         conn,
         "dlq_redrive",

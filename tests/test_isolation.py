@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from . import sink
-from .helpers import config, python_channel, rows, running, until
+from .helpers import WORK_NOW, config, python_channel, rows, running, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
@@ -301,7 +301,7 @@ async def test_outcomes_of_other_apps_are_recorded_while_one_flush_waits_on_a_lo
                 await until(recorded, timeout=30, what="the other app's outcomes")
                 late = time.time() - answered
                 held = await rows(
-                    conn, "SELECT status FROM pgwork.renewal_work WHERE business_key = 'held'"
+                    conn, f"SELECT status FROM ({WORK_NOW}) AS w WHERE business_key = 'held'"
                 )
                 await ops.rollback()
             assert late < BOUND, f"recorded {late:.1f}s after the receiver answered"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pgwork import db, store
 from pgwork.duties import materialise as materialiser
 
-from .helpers import add, count, materialise, rows, work
+from .helpers import add, count, materialise, rows, sync_queue, work
 
 pytestmark = pytest.mark.anyio
 
@@ -181,6 +181,7 @@ async def test_an_apps_channel_edit_moves_the_unsent_work_to_the_new_channel(
         "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() WHERE id = %s",
         (before[0]["id"],),
     )
+    await sync_queue(conn)
     await conn.execute("UPDATE pgwork.reminder SET channel = 'log'")
     await materialise(dsn, cutoff=datetime.now(UTC) + timedelta(hours=36))
     after = {w["operation_id"]: (w["channel"], w["status"]) for w in await work(conn)}

@@ -15,7 +15,7 @@ from pgwork.config import RetentionPolicy
 from pgwork.duties.retention import Retention, RetentionResult
 
 from . import sink
-from .helpers import add, config, count, materialise, rows, running, until
+from .helpers import WORK_NOW, add, config, count, materialise, rows, running, sync_queue, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
 
@@ -24,23 +24,41 @@ async def seed(
     conn: psycopg.AsyncConnection[Any], n: int, status: str, age: str, *, start: int = 0
 ) -> None:
     """``n`` work rows in ``status``, finished ``age`` ago (live statuses get no finished_at), with a
-    ledger row each."""
+    ledger row each. A claimed one is a live record held by a lease row (lease 1, an hour)."""
     terminal = status in ("delivered", "dead", "cancelled", "superseded")
+    held = status == "claimed"
     await conn.execute(
         "INSERT INTO pgwork.renewal_work (reminder_id, source, business_key, deadline, occurrence, due_at, "
         "channel, operation_id, status, available_at, attempts, lease, claimed_at, claimed_by, finished_at, dead_reason) "
         "SELECT -g, 'seed', %(status)s || g, now() - %(age)s::interval, '0', now() - %(age)s::interval, 'test', "
-        "md5(%(status)s || g)::uuid, %(status)s, now() + interval '1 hour', 1, 1, now(), 'd', "
+        "md5(%(status)s || g)::uuid, %(record)s, now() + interval '1 hour', %(n0)s, %(n0)s, now(), 'd', "
         "CASE WHEN %(terminal)s THEN now() - %(age)s::interval + g * interval '1 microsecond' END, "
         "CASE WHEN %(status)s = 'dead' THEN 'seeded' END "
         "FROM generate_series(%(start)s + 1, %(start)s + %(n)s) g",
-        {"status": status, "age": age, "n": n, "terminal": terminal, "start": start},
+        {
+            "status": status,
+            "record": "ready" if held else status,
+            "n0": 0 if held else 1,
+            "age": age,
+            "n": n,
+            "terminal": terminal,
+            "start": start,
+        },
     )
+    if held:
+        await conn.execute(
+            "INSERT INTO pgwork.work_lease (work_id, lease, attempts, channel, source, due_at, "
+            "expires_at, claimed_by, claimed_at) SELECT w.id, 1, 1, w.channel, w.source, w.due_at, "
+            "now() + interval '1 hour', 'd', now() FROM pgwork.renewal_work w "
+            "WHERE w.business_key LIKE 'claimed%%' "
+            "AND NOT EXISTS (SELECT FROM pgwork.work_lease l WHERE l.work_id = w.id)"
+        )
+    await sync_queue(conn)
     await conn.execute(
         "INSERT INTO pgwork.attempt (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome) "
         "SELECT id, 1, 1, 'd', 'h', 1, now(), now(), 'retry' FROM pgwork.renewal_work w "
-        "WHERE status = %s AND NOT EXISTS (SELECT 1 FROM pgwork.attempt a WHERE a.work_id = w.id)",
-        (status,),
+        "WHERE business_key LIKE %s AND NOT EXISTS (SELECT 1 FROM pgwork.attempt a WHERE a.work_id = w.id)",
+        (status + "%",),
     )
 
 
@@ -51,7 +69,7 @@ async def clean(dsn: str, **policy: Any) -> RetentionResult:
 
 
 async def by_status(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
-    got = await rows(conn, "SELECT status, count(*) AS n FROM pgwork.renewal_work GROUP BY status")
+    got = await rows(conn, f"SELECT status, count(*) AS n FROM ({WORK_NOW}) AS w GROUP BY status")
     return {r["status"]: r["n"] for r in got}
 
 
@@ -215,6 +233,7 @@ async def test_retention_runs_under_a_role_with_only_the_documented_grants(
     await conn.execute(
         "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() - interval '40 days'"
     )
+    await sync_queue(conn)
     await seed(conn, 50, "delivered", "40 days")
     await conn.execute("CREATE ROLE cleanup_probe LOGIN")
     try:

@@ -17,7 +17,7 @@ from pgwork import db
 from pgwork.queries import Q
 
 from . import sink
-from .helpers import add, claim, config, materialise, rows, running, until, utc
+from .helpers import add, claim, config, materialise, rows, running, sync_queue, until, utc
 from .test_retention import clean
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("clean_sink")]
@@ -209,6 +209,7 @@ async def test_edits_never_resend_and_supersede_what_left_the_series(
         "WHERE deadline_local = %s",
         (d1,),
     )
+    await sync_queue(conn)
     # Every other day from the first: the second leaves the series, the first stays sent.
     await conn.execute("UPDATE pgwork.reminder SET recur = 'FREQ=DAILY;INTERVAL=2'")
     assert [r["status"] for r in await made(conn)] == ["delivered", "superseded", "ready"]
@@ -276,6 +277,7 @@ async def test_a_zone_edit_onto_the_instant_of_a_sent_occurrence_is_that_send(
         "WHERE deadline_local = %s",
         (d1,),
     )
+    await sync_queue(conn)
     await conn.execute("UPDATE pgwork.reminder SET due_tz = 'Europe/Helsinki'")
     # 11:00 was made and never tried: removed, for the page to make again at its new instant.
     after = await made(conn)
@@ -358,6 +360,7 @@ async def test_retention_leaves_no_tombstone_for_a_series_deadline_that_passed(
     await conn.execute(
         "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() - interval '40 days'"
     )
+    await sync_queue(conn)
     # One of them for a deadline that passed a week ago (made before an edit, say).
     await conn.execute(
         "UPDATE pgwork.renewal_work SET deadline = now() - interval '7 days' "
@@ -386,6 +389,7 @@ async def test_retention_prunes_a_series_tombstone_once_its_deadline_cannot_come
     await conn.execute(
         "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now() - interval '40 days'"
     )
+    await sync_queue(conn)
     await clean(dsn, keep=30 * 86400.0)
     tombs = await rows(conn, "SELECT deadline_local FROM pgwork.retired")
     assert len([t for t in tombs if t["deadline_local"] is not None]) > 1

@@ -350,3 +350,131 @@ async def test_a_database_installed_by_the_first_schema_14_commit_upgrades(
     if r.returncode != 0:
         pytest.skip(f"no git history with {FIRST_SCHEMA_14_COMMIT} here: {r.stderr[:200]!r}")
     await assert_upgrade_equals_a_fresh_install(r.stdout.decode(), 14, empty_dsn, conn)
+
+
+#: Work rows of schema 22 in every state, as its statements left them (one reminder each, made
+#: already: next_fire_at 'infinity'). Lease numbers: the killed daemon's claim is the second.
+STATES_22 = {
+    "due": "status = 'ready', available_at = now() - interval '1 minute'",
+    "later": "status = 'ready', available_at = now() + interval '1 hour'",
+    "killed": "status = 'claimed', lease = 2, attempts = 2, claimed_by = 'gone', "
+    "claimed_at = now() - interval '2 minutes', available_at = now() - interval '1 second'",
+    "held": "status = 'claimed', lease = 1, attempts = 1, claimed_by = 'aside', "
+    "claimed_at = now(), available_at = now() + interval '1 hour'",
+    "retrying": "status = 'ready', lease = 1, attempts = 1, available_at = now() - interval '1 second'",
+    "dead": "status = 'dead', lease = 3, attempts = 3, finished_at = now(), dead_reason = 'x'",
+    "superseded": "status = 'superseded', finished_at = now()",
+    "delivered": "status = 'delivered', lease = 1, attempts = 1, finished_at = now()",
+}
+
+
+async def test_schema_22_with_work_in_every_state_migrates_and_each_is_sent_once(
+    empty_dsn: str,
+) -> None:
+    """Schema 23 moves the queue beside the record (pgwork.work_ready, pgwork.work_lease). From
+    a schema-22 database with work in every state: the live rows are queued, a claimed one keeps
+    its lease number (the outcome of the daemon that stepped aside with it is applied; one
+    under a reclaimed lease is fenced), the invariant holds, and the drain sends each due
+    occurrence once."""
+    from pgwork.duties.outcomes import Record
+
+    from .helpers import config, running, statement, webhook_channel
+
+    snapshot = (Path(__file__).parent / "data" / "schema_v22.sql").read_text()
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        await c.execute(snapshot)
+        await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('hook', 'webhook')")
+        for key, state in STATES_22.items():
+            due = "now() + interval '1 hour'" if key == "later" else "now() - interval '1 minute'"
+            await add(c, key, due, channel="hook")
+            await c.execute(
+                "INSERT INTO pgwork.renewal_work (reminder_id, source, business_key, deadline, "
+                "occurrence, due_at, channel, operation_id, available_at) "
+                "SELECT r.id, r.source, r.business_key, r.due_at, '0', r.due_at, r.channel, "
+                "pgwork.operation_id(r.id, r.source, r.business_key, r.due_at, '0'), now() "
+                "FROM pgwork.reminder r WHERE r.business_key = %s",
+                (key,),
+            )
+            await c.execute(
+                f"UPDATE pgwork.renewal_work SET {state} WHERE business_key = %s",
+                (key,),
+            )
+        await c.execute("UPDATE pgwork.reminder SET next_fire_at = 'infinity'")
+        said = await db.migrate(c)
+        assert said == f"upgraded pgwork schema from version 22 to {SCHEMA_VERSION}"
+        assert await rows(c, "SELECT * FROM pgwork.work_invariant()") == []
+        queued = await rows(
+            c,
+            "SELECT w.business_key, l.lease, w.lease AS settled, q.work_id IS NOT NULL AS ready "
+            "FROM pgwork.renewal_work w LEFT JOIN pgwork.work_lease l ON l.work_id = w.id "
+            "LEFT JOIN pgwork.work_ready q ON q.work_id = w.id ORDER BY w.business_key",
+        )
+        assert {r["business_key"]: (r["lease"], r["settled"], r["ready"]) for r in queued} == {
+            "dead": (None, 3, False),
+            "delivered": (None, 1, False),
+            "due": (None, 0, True),
+            "held": (1, 0, False),
+            "killed": (2, 1, False),
+            "later": (None, 0, True),
+            "retrying": (None, 1, True),
+            "superseded": (None, 0, False),
+        }
+        ids = {
+            r["business_key"]: r["id"]
+            for r in await rows(c, "SELECT id, business_key FROM pgwork.renewal_work")
+        }
+
+        async def outcome(key: str, lease: int) -> list[dict[str, Any]]:
+            rec = Record(ids[key], lease, lease, "hook", "delivered", "delivered", None, 0.0, 0.0)
+            return await statement(
+                c,
+                "record_outcomes",
+                {
+                    "outcomes": f"[{rec.json_text(0.0)}]",
+                    "daemon_id": "aside",
+                    "host": "h",
+                    "pid": 1,
+                },
+            )
+
+        # The daemon that stepped aside holding "held" reports it: applied under its lease.
+        assert await outcome("held", 1) == []
+        with Receiver() as receiver:
+            async with running(config(webhook_channel(receiver.url)), empty_dsn):
+                await until(lambda: _sent(receiver, 3), what="the due rows sent")
+            keys = receiver.keys()
+        # "killed" was claimed again (lease 3): the killed daemon's late answer is fenced.
+        assert [f["fenced_id"] for f in await outcome("killed", 2)] == [ids["killed"]]
+        final = await rows(
+            c,
+            "SELECT w.business_key, w.status, w.lease FROM pgwork.renewal_work w ORDER BY 1",
+        )
+        assert await rows(c, "SELECT * FROM pgwork.work_invariant()") == []
+        ledger = await rows(
+            c,
+            "SELECT w.business_key, a.lease, a.outcome FROM pgwork.attempt a "
+            "JOIN pgwork.renewal_work w ON w.id = a.work_id ORDER BY 1, 2",
+        )
+    assert sorted(keys.values()) == [1, 1, 1]  # due, killed, retrying: each sent once
+    assert {r["business_key"]: (r["status"], r["lease"]) for r in final} == {
+        "dead": ("dead", 3),
+        "delivered": ("delivered", 1),
+        "due": ("delivered", 1),
+        "held": ("delivered", 1),
+        "killed": ("delivered", 3),
+        "later": ("ready", 0),
+        "retrying": ("delivered", 2),
+        "superseded": ("superseded", 0),
+    }
+    assert [
+        (x["business_key"], x["lease"], x["outcome"])
+        for x in ledger
+        if x["business_key"] == "killed"
+    ] == [
+        ("killed", 2, "fenced"),
+        ("killed", 3, "delivered"),
+    ]
+
+
+async def _sent(receiver: Receiver, n: int) -> bool:
+    return sum(receiver.keys().values()) >= n

@@ -25,7 +25,7 @@ import pytest
 from pgwork import db, web
 
 from .browser import CHROMIUM, Browser
-from .helpers import claim, config, materialise, rows, running
+from .helpers import claim, config, materialise, rows, running, sync_queue
 
 pytestmark = [pytest.mark.anyio]
 
@@ -62,10 +62,12 @@ async def _seed(dsn: str, conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
         "WHERE business_key IN (%s, 'lease:2')",
         (XSS_KEY,),
     )
+    await sync_queue(conn)
     await conn.execute(
         "UPDATE pgwork.renewal_work SET status = 'delivered', finished_at = now(), attempts = 1, "
         "lease = 1 WHERE business_key = 'lease:sent'"
     )
+    await sync_queue(conn)
     await conn.execute(
         "SELECT pgwork.pause_channel('test', '<b>maintenance</b> window', 'ops@example.com')"
     )

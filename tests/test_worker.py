@@ -28,6 +28,7 @@ from .helpers import (
     rows,
     running,
     statement,
+    unclaim,
     until,
     work,
 )
@@ -326,11 +327,7 @@ async def test_a_claim_lost_with_a_crash_does_not_hide_its_successor_s_outcome(
     await materialise(dsn)
     (first,) = await claim(dsn, lease=30)
     # What the crash leaves: the claim never happened.
-    await conn.execute(
-        "UPDATE pgwork.renewal_work SET status = 'ready', lease = 0, attempts = 0, "
-        "available_at = now(), claimed_at = NULL, claimed_by = NULL WHERE id = %s",
-        [first["id"]],
-    )
+    await unclaim(conn, first["id"])
 
     def outcome(status: str) -> dict[str, Any]:
         rec = {"work_id": first["id"], "lease": 1, "attempt": 1, "outcome": status}
@@ -629,13 +626,13 @@ async def test_a_heartbeat_passes_over_a_row_being_written_and_still_holds_it(
     assert len(held) == 3
     busy, free, taken = sorted(r["id"] for r in held)
     await conn.execute(
-        "UPDATE pgwork.renewal_work SET lease = lease + 1 WHERE id = %s", (taken,)
+        "UPDATE pgwork.work_lease SET lease = lease + 1 WHERE work_id = %s", (taken,)
     )  # as a reclaim by another daemon would
     before = {r["id"]: r["available_at"] for r in await work(conn)}
     async with await db.connect(dsn) as writer, await db.connect(dsn) as hb:
         async with writer.transaction():
             await writer.execute(
-                "SELECT 1 FROM pgwork.renewal_work WHERE id = %s FOR UPDATE", (busy,)
+                "SELECT 1 FROM pgwork.work_lease WHERE work_id = %s FOR UPDATE", (busy,)
             )
             with anyio.fail_after(3):  # waiting for the lock would take lock_timeout (5 s)
                 kept = await statement(

@@ -108,7 +108,7 @@ SELECT j->>'migration_requested_by' AS migration_requested_by
 DO $$
 DECLARE t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['pgwork.reminder', 'pgwork.renewal_work', 'pgwork.retired', 'pgwork.lane',
+    FOREACH t IN ARRAY ARRAY['pgwork.reminder', 'pgwork.work_ready', 'pgwork.renewal_work', 'pgwork.retired', 'pgwork.lane',
                              'pgwork.channel', 'pgwork.app_source'] LOOP
         IF to_regclass(t) IS NOT NULL THEN
             EXECUTE format('LOCK TABLE %%s IN ACCESS EXCLUSIVE MODE', t);
@@ -120,7 +120,7 @@ $$
 -- name: migrate_attach_locks
 -- Before the triggers, policies and views are attached: the apps' tables, in the order an app's
 -- statement locks them (pgwork.reminder, then its work rows through the triggers).
-LOCK TABLE pgwork.reminder, pgwork.renewal_work, pgwork.app_source IN ACCESS EXCLUSIVE MODE
+LOCK TABLE pgwork.reminder, pgwork.work_ready, pgwork.renewal_work, pgwork.app_source IN ACCESS EXCLUSIVE MODE
 
 -- name: index_valid
 -- Whether pgwork's index of this name is valid (NULL: there is none).
@@ -295,8 +295,8 @@ SELECT c.name, c.kind, c.paused, c.paused_at, c.paused_by, c.paused_reason,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS throttled_for_seconds,
        c.throttle_limit, c.throttle_reason, c.global_concurrency, c.rate_limit, c.rate_burst, c.catch_up,
        pgwork.claimed_now(c.name) AS claimed,
-       (SELECT min(w.available_at) FROM pgwork.renewal_work w
-         WHERE w.channel = c.name AND w.status = 'ready' AND w.attempts > w.attempts_base) AS next_retry_at
+       (SELECT min(q.available_at) FROM pgwork.work_ready q JOIN pgwork.renewal_work w ON w.id = q.work_id
+         WHERE q.channel = c.name AND w.attempts > w.attempts_base) AS next_retry_at
   FROM pgwork.channel c
  ORDER BY c.name
 
@@ -352,8 +352,7 @@ SELECT extract(epoch FROM least(
            -- The first lane's turn (its ready rows are no earlier) ...
            (SELECT min(l.turn_at) FROM pgwork.lane l WHERE l.channel = %(channel)s),
            -- ... or the first lease to expire.
-           (SELECT min(w.available_at) FROM pgwork.renewal_work w
-             WHERE w.channel = %(channel)s AND w.status = 'claimed')) - now())::float8 AS wait_s,
+           (SELECT min(l.expires_at) FROM pgwork.work_lease l WHERE l.channel = %(channel)s)) - now())::float8 AS wait_s,
        coalesce(c.paused, false) AS paused,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS hold_s,
        CASE WHEN c.rate_limit IS NOT NULL THEN greatest(0,
@@ -377,24 +376,28 @@ SELECT extract(epoch FROM least(
 WITH o AS (
     SELECT *
       FROM jsonb_populate_recordset(NULL::pgwork.outcome, %(outcomes)s::jsonb) AS o
+), held AS (
+    -- The fence: an outcome is applied only while its lease row is there, and applying it
+    -- deletes that row. No row lock taken first (it cost a WAL record and ~6 us of Postgres per
+    -- job): the DELETE locks its rows in whatever order its plan reads them, and the heartbeat
+    -- (extend_leases) skips rows locked by anyone, so the two never wait for each other in a
+    -- cycle. A lease reissued meanwhile (a reclaim) is re-checked on its new version (READ
+    -- COMMITTED) and left alone. The rows are named as an id array, so they are read by primary
+    -- key whatever the estimates.
+    DELETE FROM pgwork.work_lease l
+     USING o
+     WHERE l.work_id = o.work_id AND l.lease = o.lease
+       AND l.work_id = ANY ((SELECT array_agg(work_id) FROM o)::bigint[])
+    RETURNING l.work_id, l.lease, l.attempts, l.claimed_at, l.claimed_by
 ), done AS (
-    -- No row lock taken first (it cost a WAL record and ~6 us of Postgres per job): the UPDATE
-    -- locks its rows in whatever order its plan reads them, and the heartbeat (extend_leases)
-    -- skips rows locked by anyone, so the two never wait for each other in a cycle. A row whose
-    -- lease passed on meanwhile is re-checked on its new version (READ COMMITTED) and left
-    -- alone. (Two flushes could only wait for each other over the same rows if a fenced one's
-    -- snapshot predated the reclaim that fenced it and the successor's outcome arrived within
-    -- that one statement; PostgreSQL would abort one of them, and its flush is retried.) The
-    -- rows are named as an id array, so they are read by primary key whatever the estimates: the
-    -- status is tested with IS NOT DISTINCT FROM (status is NOT NULL: the same test as =), which
-    -- the planner cannot match to work_held's predicate. With '=', statistics taken while few
-    -- rows were claimed made a scan of work_held look cheaper, and every flush read every
-    -- claimed row of every channel and daemon (24 ms a flush instead of 6 with 20,000 claimed).
+    -- The record's one write of this attempt: its outcome, with the lease settled.
     UPDATE pgwork.renewal_work w
        SET status = o.status,
+           lease = h.lease,
            -- An attempt that paused the channel (a 410) is the channel's failure, not the
            -- occurrence's: it does not spend the row's budget (its ledger row stays).
-           attempts = w.attempts - (o.pause IS NOT NULL AND o.status = 'ready')::int,
+           attempts = h.attempts - (o.pause IS NOT NULL AND o.status = 'ready')::int,
+           claimed_at = h.claimed_at, claimed_by = h.claimed_by,
            available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
            -- A retry goes where its reminder points now: an app that moved the reminder to
            -- another channel while this attempt was in flight moved its send too.
@@ -404,10 +407,15 @@ WITH o AS (
            finished_at = CASE WHEN pgwork.is_terminal(o.status) THEN now() END,
            last_error = o.error,
            dead_reason = CASE WHEN o.status = 'dead' THEN coalesce(o.error, o.outcome) END
-      FROM o
-     WHERE w.id = o.work_id AND w.lease = o.lease AND w.status IS NOT DISTINCT FROM 'claimed'
+      FROM held h
+      JOIN o ON o.work_id = h.work_id AND o.lease = h.lease
+     WHERE w.id = h.work_id
        AND w.id = ANY ((SELECT array_agg(work_id) FROM o)::bigint[])
-    RETURNING w.id, w.lease
+    RETURNING w.id, w.lease, w.status, w.channel, w.source, w.available_at, w.due_at
+), retried AS (
+    -- A retry waits in work_ready again (pgwork.wake_lanes brings its lane's turn to its time).
+    INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
+    SELECT d.id, d.channel, d.source, d.available_at, d.due_at FROM done d WHERE d.status = 'ready'
 ), news AS (
     -- What the applied outcomes say about their channels: a throttling answer (seconds to hold
     -- the channel), successes (a throttle recovers by one step each), a reason to pause.
@@ -515,53 +523,64 @@ SELECT j.work_id AS fenced_id, j.lease, j.already FROM judged j WHERE NOT j.appl
 
 -- name: extend_leases
 -- Heartbeat for long deliveries: push the lease of rows still held, matched on (work id, lease).
--- A row locked right now is skipped (its outcome is being written, or another daemon is
+-- A lease row locked right now is skipped (its outcome is being written, or another daemon is
 -- reclaiming it): the heartbeat never waits, so it cannot deadlock with an outcome flush, which
 -- locks its rows in no particular order; the next heartbeat, a third of a lease later, extends
--- it. Returns every row this daemon still holds (claimed under its lease as this statement
--- sees them), extended now or skipped as busy: the others are lost.
--- The rows are read by primary key whatever the estimates (see record_outcomes): an id array,
--- and the status tested with IS NOT DISTINCT FROM.
+-- it. Returns every row this daemon still holds (its lease row there as this statement sees
+-- them), extended now or skipped as busy: the others are lost.
+-- The rows are read by primary key whatever the estimates: an id array, as a subquery (a
+-- custom plan that saw its 20 ids read a small work_lease whole).
 WITH mine AS MATERIALIZED (
-    SELECT w.id, w.lease
-      FROM pgwork.renewal_work w
+    SELECT l.work_id AS id, l.lease
+      FROM pgwork.work_lease l
       JOIN unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
-        ON w.id = h.work_id AND w.lease = h.lease_no
-     WHERE w.status IS NOT DISTINCT FROM 'claimed' AND w.id = ANY (%(work_id)s::bigint[])
+        ON l.work_id = h.work_id AND l.lease = h.lease_no
+     WHERE l.work_id = ANY ((SELECT %(work_id)s::bigint[])::bigint[])
 ), locked AS (
     -- The conditions again: a row changed since the snapshot is judged on its new version.
-    SELECT w.id
-      FROM pgwork.renewal_work w
-      JOIN mine m ON m.id = w.id AND m.lease = w.lease
-     WHERE w.status IS NOT DISTINCT FROM 'claimed' AND w.id = ANY (%(work_id)s::bigint[])
-       FOR UPDATE OF w SKIP LOCKED
+    SELECT l.work_id
+      FROM pgwork.work_lease l
+      JOIN mine m ON m.id = l.work_id AND m.lease = l.lease
+     WHERE l.work_id = ANY ((SELECT %(work_id)s::bigint[])::bigint[])
+       FOR UPDATE OF l SKIP LOCKED
 ), extended AS (
-    UPDATE pgwork.renewal_work w
-       SET available_at = now() + %(lease)s::interval
-      FROM locked l
-     WHERE w.id = l.id
+    UPDATE pgwork.work_lease l
+       SET expires_at = now() + %(lease)s::interval
+      FROM locked k
+     WHERE l.work_id = k.work_id
 )
 SELECT m.id, m.lease FROM mine m
 
 -- name: release_leases
--- Clean shutdown: give back rows we hold without counting the attempt (fenced by lease).
+-- Clean shutdown: give back rows we hold without counting the attempt (fenced by lease): the
+-- lease row goes, the record settles that lease number with the attempt uncounted, and the row
+-- is ready again at once.
 -- The rows are read by primary key whatever the estimates (see record_outcomes).
 WITH released AS (
+    DELETE FROM pgwork.work_lease l
+     USING unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
+     WHERE l.work_id = h.work_id AND l.lease = h.lease_no
+       AND l.work_id = ANY ((SELECT %(work_id)s::bigint[])::bigint[])
+    RETURNING l.work_id, l.lease, l.attempts, l.claimed_at, l.claimed_by
+), settled AS (
     UPDATE pgwork.renewal_work w
-       SET status = 'ready', available_at = now(), attempts = w.attempts - 1
-      FROM unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
-     WHERE w.id = h.work_id AND w.lease = h.lease_no AND w.status IS NOT DISTINCT FROM 'claimed'
-       AND w.id = ANY (%(work_id)s::bigint[])
-    RETURNING w.id, w.lease, w.attempts, w.claimed_at
+       SET lease = r.lease, attempts = r.attempts - 1, available_at = now(),
+           claimed_at = r.claimed_at, claimed_by = r.claimed_by
+      FROM released r
+     WHERE w.id = r.work_id AND w.id = ANY (%(work_id)s::bigint[])
+    RETURNING w.id, w.channel, w.source, w.available_at, w.due_at
+), requeued AS (
+    INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
+    SELECT s.id, s.channel, s.source, s.available_at, s.due_at FROM settled s
 ), ledger AS (
     INSERT INTO pgwork.attempt
            (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome, error_class, error)
-    SELECT r.id, r.lease, r.attempts + 1, %(daemon_id)s, %(host)s, %(pid)s, r.claimed_at, now(),
+    SELECT r.work_id, r.lease, r.attempts, %(daemon_id)s, %(host)s, %(pid)s, r.claimed_at, now(),
            'released', 'Shutdown', 'released on shutdown before an outcome; not counted as an attempt'
       FROM released r
         ON CONFLICT (work_id, lease) DO NOTHING
 )
-SELECT id FROM released
+SELECT work_id AS id FROM released
 
 -- name: dlq_list
 -- Dead letters, newest first, optionally filtered.
@@ -576,8 +595,11 @@ SELECT w.id, w.source, w.business_key, w.channel, w.deadline, w.occurrence, w.du
  LIMIT %(limit)s
 
 -- name: work_get
-SELECT w.*, r.id IS NOT NULL AS reminder_exists, r.due_at AS reminder_due_at, r.recipient, r.payload
+-- A work row as it stands (pgwork.work_now: claimed while a lease row holds it).
+SELECT n.*, r.id IS NOT NULL AS reminder_exists, r.due_at AS reminder_due_at, r.recipient, r.payload
   FROM pgwork.renewal_work w
+  LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
+ CROSS JOIN LATERAL pgwork.work_now(w, l) AS n
   LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
  WHERE w.id = %(id)s
 
@@ -604,20 +626,24 @@ SELECT s.deadline, s.deadline_local, s.remind_before, s.send_at, s.status
 
 -- name: history_work_of_reminder
 -- Its work rows, the latest send first (the occurrence key's index).
-SELECT w.id, w.deadline, w.deadline_local, w.occurrence, w.due_at, w.channel, w.status,
-       w.available_at, w.attempts - w.attempts_base AS attempts, w.created_at, w.finished_at,
-       w.last_error, w.dead_reason, w.redriven_at, w.redriven_by, w.operation_id
+SELECT n.id, n.deadline, n.deadline_local, n.occurrence, n.due_at, n.channel, n.status,
+       n.available_at, n.attempts - n.attempts_base AS attempts, n.created_at, n.finished_at,
+       n.last_error, n.dead_reason, n.redriven_at, n.redriven_by, n.operation_id
   FROM pgwork.renewal_work w
+  LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
+ CROSS JOIN LATERAL pgwork.work_now(w, l) AS n
  WHERE w.reminder_id = %(reminder_id)s
  ORDER BY w.due_at DESC, w.id DESC
  LIMIT %(limit)s
 
 -- name: history_work_of_key
 -- The work rows left by a deleted reminder of this source and key (no index: reads the table).
-SELECT w.id, w.deadline, w.deadline_local, w.occurrence, w.due_at, w.channel, w.status,
-       w.available_at, w.attempts - w.attempts_base AS attempts, w.created_at, w.finished_at,
-       w.last_error, w.dead_reason, w.redriven_at, w.redriven_by, w.operation_id
+SELECT n.id, n.deadline, n.deadline_local, n.occurrence, n.due_at, n.channel, n.status,
+       n.available_at, n.attempts - n.attempts_base AS attempts, n.created_at, n.finished_at,
+       n.last_error, n.dead_reason, n.redriven_at, n.redriven_by, n.operation_id
   FROM pgwork.renewal_work w
+  LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
+ CROSS JOIN LATERAL pgwork.work_now(w, l) AS n
  WHERE w.source = %(source)s AND w.business_key = %(business_key)s
  ORDER BY w.due_at DESC, w.id DESC
  LIMIT %(limit)s
@@ -663,7 +689,10 @@ WITH target AS (
            dead_reason = NULL, redriven_at = now(), redriven_by = %(operator)s
       FROM target t
      WHERE w.id = t.id AND t.verdict = 'ok'
-    RETURNING w.id, w.channel
+    RETURNING w.id, w.channel, w.source, w.available_at, w.due_at
+), requeued AS (
+    INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
+    SELECT d.id, d.channel, d.source, d.available_at, d.due_at FROM redriven d
 ), notified AS (
     SELECT pg_notify('pgwork_work', '') FROM (SELECT 1 FROM redriven LIMIT 1) AS any_row
 )
@@ -671,18 +700,23 @@ SELECT t.id, t.verdict, (SELECT count(*) FROM notified) AS notified FROM target 
 
 -- name: retrying
 -- Rows that failed and wait for their next try (ready, with attempts since the last redrive),
--- the soonest first: read through work_claimable (live rows only).
+-- the soonest first: read through work_ready (live rows only).
 SELECT w.id, w.channel, w.source, w.business_key, w.attempts - w.attempts_base AS attempts,
-       w.available_at AS retry_at, w.last_error
-  FROM pgwork.renewal_work w
- WHERE w.status = 'ready' AND w.attempts > w.attempts_base
-   AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
- ORDER BY w.available_at, w.id
+       q.available_at AS retry_at, w.last_error
+  FROM pgwork.work_ready q
+  JOIN pgwork.renewal_work w ON w.id = q.work_id
+ WHERE w.attempts > w.attempts_base
+   AND (%(channel)s::text IS NULL OR q.channel = %(channel)s)
+ ORDER BY q.available_at, q.work_id
  LIMIT %(limit)s
 
 -- name: work_statuses
 -- The status of each work row named, for the ids a redrive did not find dead.
-SELECT w.id, w.status FROM pgwork.renewal_work w WHERE w.id = ANY (%(ids)s::bigint[]) ORDER BY w.id
+SELECT w.id, CASE WHEN l.work_id IS NOT NULL THEN 'claimed' ELSE w.status END AS status
+  FROM pgwork.renewal_work w
+  LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
+ WHERE w.id = ANY (%(ids)s::bigint[])
+ ORDER BY w.id
 
 -- name: channel_retire_hold
 -- Retiring a channel (pgwork channel retire), in one transaction: lock its row (a daemon starting
@@ -691,12 +725,12 @@ SELECT w.id, w.status FROM pgwork.renewal_work w WHERE w.id = ANY (%(ids)s::bigi
 -- live: the live rows it would close; moved: live rows on it whose reminder now names another
 -- channel (made before the move, or in flight then), which go there instead.
 SELECT (SELECT count(*) FROM pgwork.reminder r WHERE r.channel = c.name) AS reminders,
-       (SELECT count(*) FROM pgwork.renewal_work w
-         WHERE w.channel = c.name AND w.status IN ('ready', 'claimed')
-           AND NOT EXISTS (SELECT FROM pgwork.reminder r WHERE r.id = w.reminder_id AND r.channel <> c.name)) AS live,
-       (SELECT count(*) FROM pgwork.renewal_work w
-          JOIN pgwork.reminder r ON r.id = w.reminder_id AND r.channel <> c.name
-         WHERE w.channel = c.name AND w.status IN ('ready', 'claimed')) AS moved
+       (SELECT count(*) FROM pgwork.live_work(c.name) v
+          JOIN pgwork.renewal_work w ON w.id = v.work_id
+         WHERE NOT EXISTS (SELECT FROM pgwork.reminder r WHERE r.id = w.reminder_id AND r.channel <> c.name)) AS live,
+       (SELECT count(*) FROM pgwork.live_work(c.name) v
+          JOIN pgwork.renewal_work w ON w.id = v.work_id
+          JOIN pgwork.reminder r ON r.id = w.reminder_id AND r.channel <> c.name) AS moved
   FROM pgwork.channel c
  WHERE c.name = %(channel)s
    FOR UPDATE OF c
@@ -711,19 +745,48 @@ DELETE FROM pgwork.reminder r WHERE r.channel = %(channel)s
 -- reminder is gone): cancelled, never sent; a delivery in flight is fenced. A live row whose
 -- reminder was moved to another channel is that reminder's send: it goes to its channel (one in
 -- flight finishes; its retry, or its lease's expiry, lands there).
-WITH moved AS (
+WITH live AS MATERIALIZED (
+    SELECT v.work_id, v.held, w.reminder_id, r.channel AS moved_to
+      FROM pgwork.live_work(%(channel)s) v
+      JOIN pgwork.renewal_work w ON w.id = v.work_id
+      LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id AND r.channel <> %(channel)s
+), moved AS (
     UPDATE pgwork.renewal_work w
-       SET channel = r.channel
-      FROM pgwork.reminder r
-     WHERE w.channel = %(channel)s AND w.status IN ('ready', 'claimed')
-       AND r.id = w.reminder_id AND r.channel <> %(channel)s
-    RETURNING w.id
+       SET channel = v.moved_to
+      FROM live v
+     WHERE w.id = v.work_id AND v.moved_to IS NOT NULL
+), moved_lease AS (
+    -- A lease in flight finishes; its expiry is reclaimed on the new channel.
+    UPDATE pgwork.work_lease l
+       SET channel = v.moved_to
+      FROM live v
+     WHERE l.work_id = v.work_id AND v.held AND v.moved_to IS NOT NULL
+), unready AS (
+    -- Ready rows leave this channel: moved ones to their new channel's queue (below), the rest
+    -- with their record cancelled.
+    DELETE FROM pgwork.work_ready q
+     USING live v
+     WHERE q.work_id = v.work_id AND NOT v.held
+    RETURNING q.work_id, q.source, q.available_at, q.due_at
+), requeued AS (
+    INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
+    SELECT u.work_id, v.moved_to, u.source, u.available_at, u.due_at
+      FROM unready u JOIN live v ON v.work_id = u.work_id
+     WHERE v.moved_to IS NOT NULL
+), fenced AS (
+    -- A delivery in flight of a reminder that is gone is fenced: its lease goes.
+    DELETE FROM pgwork.work_lease l
+     USING live v
+     WHERE l.work_id = v.work_id AND v.held AND v.moved_to IS NULL
+    RETURNING l.work_id, l.lease, l.attempts
 )
 UPDATE pgwork.renewal_work w
    SET status = 'cancelled', finished_at = now(),
+       lease = coalesce(f.lease, w.lease), attempts = coalesce(f.attempts, w.attempts),
        last_error = 'cancelled: its channel was retired (pgwork channel retire --cancel)'
- WHERE w.channel = %(channel)s AND w.status IN ('ready', 'claimed')
-   AND w.id NOT IN (SELECT m.id FROM moved m)
+  FROM live v
+  LEFT JOIN fenced f ON f.work_id = v.work_id
+ WHERE w.id = v.work_id AND v.moved_to IS NULL
 
 -- name: channel_retire
 DELETE FROM pgwork.channel c WHERE c.name = %(channel)s
@@ -733,12 +796,15 @@ SELECT EXISTS (SELECT FROM pgwork.channel c WHERE c.name = %(name)s) AS exists
 
 -- name: work_states
 -- Live work rows (ready, claimed) and dead letters by channel and status (status command,
--- metrics). Each half reads only its partial index: the cost grows with live and dead rows, never
+-- metrics). Each part reads only live rows or the dead letters' partial index: the cost grows with live and dead rows, never
 -- with the delivered rows retention keeps. Terminal counts are in the attempt counters.
-SELECT channel, status, count(*) AS n
-  FROM pgwork.renewal_work
- WHERE status IN ('ready', 'claimed')
- GROUP BY channel, status
+SELECT channel, 'ready' AS status, count(*) AS n
+  FROM pgwork.work_ready
+ GROUP BY channel
+UNION ALL
+SELECT channel, 'claimed', count(*)
+  FROM pgwork.work_lease
+ GROUP BY channel
 UNION ALL
 SELECT channel, 'dead', count(*)
   FROM pgwork.renewal_work
@@ -755,9 +821,9 @@ SELECT greatest(w.lag, r.lag, 0)::float8 AS lag_seconds,
        greatest(w.oldest_ready, 0)::float8 AS oldest_ready_seconds,
        greatest(r.lag, 0)::float8 AS unmaterialised_seconds
   FROM (SELECT extract(epoch FROM now() - min(due_at)) AS lag,
-               extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'ready')) AS oldest_ready
-          FROM pgwork.renewal_work
-         WHERE status IN ('ready', 'claimed') AND due_at <= now()) AS w,
+               extract(epoch FROM now() - min(available_at) FILTER (WHERE NOT held)) AS oldest_ready
+          FROM pgwork.live_work(NULL)
+         WHERE due_at <= now()) AS w,
        (SELECT extract(epoch FROM now() - (
                    SELECT coalesce(next_fire_at, due_at)
                      FROM pgwork.reminder
@@ -768,8 +834,8 @@ SELECT greatest(w.lag, r.lag, 0)::float8 AS lag_seconds,
 -- name: oldest_overdue_channel
 -- The channel of the oldest overdue live row: what `status --max-lag` names when lag is too high
 -- (bounded by the live rows, like lag).
-SELECT w.channel FROM pgwork.renewal_work w
- WHERE w.status IN ('ready', 'claimed') AND w.due_at <= now()
+SELECT w.channel FROM pgwork.live_work(NULL) w
+ WHERE w.due_at <= now()
  ORDER BY w.due_at LIMIT 1
 
 -- name: materialiser_state
@@ -952,16 +1018,28 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('lock_timeout', %(lock_timeout)s, true)
 
 -- name: live_page
--- A channel's live rows (ready, claimed or both) for the web page: one keyset page in
--- work_claimable's own order, so a page reads only live rows, however many are retained.
-SELECT w.id, w.source, w.business_key, w.status, w.due_at, w.available_at, w.attempts,
+-- A channel's live rows (ready, claimed or both) for the web page: one keyset page in the order
+-- of work_ready_order (a claimed row by its lease's expiry), so a page reads only live rows,
+-- however many are retained.
+SELECT w.id, v.source, w.business_key, v.status, w.due_at, v.available_at, coalesce(v.attempts, w.attempts) AS attempts,
        w.attempts_base, w.last_error
-  FROM pgwork.renewal_work w
- WHERE w.channel = %(channel)s AND w.status IN ('ready', 'claimed')
-   AND w.status = ANY (%(statuses)s::text[])
-   AND (w.source, w.available_at, w.id)
-       > (%(after_source)s::text, %(after_at)s::timestamptz, %(after_id)s::bigint)
- ORDER BY w.source, w.available_at, w.id
+  FROM (SELECT * FROM (SELECT q.work_id, q.source, 'ready' AS status, q.available_at, NULL::int AS attempts
+                         FROM pgwork.work_ready q
+                        WHERE q.channel = %(channel)s AND 'ready' = ANY (%(statuses)s::text[])
+                          AND (q.source, q.available_at, q.work_id)
+                              > (%(after_source)s::text, %(after_at)s::timestamptz, %(after_id)s::bigint)
+                        ORDER BY q.source, q.available_at, q.work_id
+                        LIMIT %(limit)s) AS ready
+        UNION ALL
+        SELECT * FROM (SELECT l.work_id, l.source, 'claimed', l.expires_at, l.attempts
+                         FROM pgwork.work_lease l
+                        WHERE l.channel = %(channel)s AND 'claimed' = ANY (%(statuses)s::text[])
+                          AND (l.source, l.expires_at, l.work_id)
+                              > (%(after_source)s::text, %(after_at)s::timestamptz, %(after_id)s::bigint)
+                        ORDER BY l.source, l.expires_at, l.work_id
+                        LIMIT %(limit)s) AS held) AS v
+  JOIN pgwork.renewal_work w ON w.id = v.work_id
+ ORDER BY v.source, v.available_at, v.work_id
  LIMIT %(limit)s
 
 -- name: dead_page

@@ -10,8 +10,9 @@
 CREATE OR REPLACE VIEW pgwork.reminder_status WITH (security_barrier) AS
 SELECT r.source, r.business_key, k.deadline, b.before AS remind_before,
        pgwork.fire_at(k.deadline, k.deadline_local, r.due_tz, b.before) AS send_at,
-       coalesce(w.status, t.status, CASE WHEN r.paused THEN 'paused' ELSE 'scheduled' END) AS status,
-       coalesce(w.attempts, 0) AS attempts,
+       coalesce(CASE WHEN l.work_id IS NOT NULL THEN 'claimed' END, w.status, t.status,
+                CASE WHEN r.paused THEN 'paused' ELSE 'scheduled' END) AS status,
+       coalesce(l.attempts, w.attempts, 0) AS attempts,
        coalesce(w.finished_at, t.finished_at) AS finished_at,
        coalesce(w.operation_id, t.operation_id) AS operation_id,
        (w.id IS NULL AND t.reminder_id IS NOT NULL) AS retired,
@@ -39,6 +40,8 @@ SELECT r.source, r.business_key, k.deadline, b.before AS remind_before,
     ON w.reminder_id = r.id AND w.occurrence = b.before
    AND (CASE WHEN r.recur_rule IS NULL THEN w.deadline = k.deadline AND w.deadline_local IS NULL
              ELSE w.deadline_local = k.deadline_local END)
+  -- Held by a worker: claimed (pgwork.work_lease).
+  LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
   LEFT JOIN pgwork.retired t
     ON t.reminder_id = r.id AND t.occurrence = b.before
    AND (CASE WHEN r.recur_rule IS NULL THEN t.deadline = k.deadline AND t.deadline_local IS NULL

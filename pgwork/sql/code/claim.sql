@@ -129,11 +129,11 @@ BEGIN
          WHERE d.source NOT IN (SELECT f.source FROM free_now f)
     ), reclaim AS MATERIALIZED (
         -- Rows whose lease expired (their worker died or lost its connection) come first: they
-        -- are the oldest. Read through work_held, where live leases are the index's later part.
-        SELECT w.id, w.source, w.available_at
-          FROM pgwork.renewal_work w
-         WHERE w.channel = claim_rows.channel AND w.status = 'claimed' AND w.available_at <= now()
-         ORDER BY w.available_at, w.id
+        -- are the oldest. Read through work_lease_expiry, where live leases are the later part.
+        SELECT l.work_id AS id, l.source, l.expires_at AS available_at
+          FROM pgwork.work_lease l
+         WHERE l.channel = claim_rows.channel AND l.expires_at <= now()
+         ORDER BY l.expires_at, l.work_id
          LIMIT coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
            FOR UPDATE SKIP LOCKED
     ), share AS MATERIALIZED (
@@ -152,12 +152,12 @@ BEGIN
         SELECT h.id, h.source, h.available_at, s.n
           FROM served s
          CROSS JOIN LATERAL (
-               SELECT w.id, w.source, w.available_at
-                 FROM pgwork.renewal_work w
+               SELECT w.work_id AS id, w.source, w.available_at
+                 FROM pgwork.work_ready w
                 WHERE w.channel = claim_rows.channel AND w.source = s.source
-                  AND w.status = 'ready' AND w.available_at <= now()
-                  AND (w.available_at, w.id) >= (s.ready_from, s.ready_from_id)
-                ORDER BY w.available_at, w.id
+                  AND w.available_at <= now()
+                  AND (w.available_at, w.work_id) >= (s.ready_from, s.ready_from_id)
+                ORDER BY w.available_at, w.work_id
                 LIMIT (SELECT each FROM share)
                   FOR UPDATE SKIP LOCKED) AS h
     ), head_end AS (
@@ -172,12 +172,12 @@ BEGIN
         SELECT t.id, t.source, t.available_at, e.n
           FROM head_end e
          CROSS JOIN LATERAL (
-               SELECT w.id, w.source, w.available_at
-                 FROM pgwork.renewal_work w
+               SELECT w.work_id AS id, w.source, w.available_at
+                 FROM pgwork.work_ready w
                 WHERE w.channel = claim_rows.channel AND w.source = e.source
-                  AND w.status = 'ready' AND w.available_at <= now()
-                  AND (w.available_at, w.id) > (e.available_at, e.id)
-                ORDER BY w.available_at, w.id
+                  AND w.available_at <= now()
+                  AND (w.available_at, w.work_id) > (e.available_at, e.id)
+                ORDER BY w.available_at, w.work_id
                 -- Never negative: the heads may overshoot the budget (each share is rounded up).
                 LIMIT greatest(0, (SELECT budget FROM share) - (SELECT count(*) FROM head))
                   FOR UPDATE SKIP LOCKED) AS t
@@ -207,17 +207,17 @@ BEGIN
           LEFT JOIN (SELECT c.source, array_agg(c.id) AS ids FROM candidate c GROUP BY c.source) AS t
             ON t.source = s.source
           LEFT JOIN LATERAL (
-               SELECT w.available_at, w.id FROM pgwork.renewal_work w
-                WHERE w.channel = claim_rows.channel AND w.source = s.source AND w.status = 'ready'
-                  AND (w.available_at, w.id) >= (s.ready_from, s.ready_from_id)
-                  AND NOT w.id = ANY (coalesce(t.ids, '{}'))
-                ORDER BY w.available_at, w.id
+               SELECT w.available_at, w.work_id AS id FROM pgwork.work_ready w
+                WHERE w.channel = claim_rows.channel AND w.source = s.source
+                  AND (w.available_at, w.work_id) >= (s.ready_from, s.ready_from_id)
+                  AND NOT w.work_id = ANY (coalesce(t.ids, '{}'))
+                ORDER BY w.available_at, w.work_id
                 LIMIT 1) AS n ON true
          WHERE s.owned
     ), turned AS (
         -- A lane with a row still due goes to the back of the line (turn_at = now), one with a
         -- later row waits for it, and its next claim reads from that row on (the entries of the
-        -- rows taken here stay in work_claimable until a vacuum: read from the lane's start,
+        -- rows taken here stay in work_ready_order until a vacuum: read from the lane's start,
         -- every claim of a drain walked all those of the rows taken before it) ...
         UPDATE pgwork.lane l
            SET turn_at = greatest(t.next_at, now()), ready_from = t.next_at, ready_from_id = t.next_id
@@ -228,15 +228,23 @@ BEGIN
         DELETE FROM pgwork.lane l
          USING turn t
          WHERE t.next_at IS NULL AND l.channel = claim_rows.channel AND l.source = t.source
+    ), unreadied AS (
+        -- The ready rows taken leave work_ready, whatever the verdict on them (one whose record is
+        -- gone or closed, which only a migration's copy racing an app's edit leaves, is dropped).
+        DELETE FROM pgwork.work_ready r
+         WHERE r.work_id = ANY ((SELECT array_agg(c.id) FROM candidate c)::bigint[])
     ), judged AS (
-        SELECT w.id, w.status AS prev_status, w.lease AS prev_lease, w.attempts AS prev_attempts,
-               w.claimed_at AS prev_claimed_at, w.claimed_by AS prev_claimed_by,
+        -- Each candidate's record, live, with the numbers its next lease counts from: the expired
+        -- lease's for a reclaim, the record's own (the last settled) for a ready row.
+        SELECT w, l.work_id IS NOT NULL AS reclaimed,
+               coalesce(l.lease, w.lease) AS prev_lease, coalesce(l.attempts, w.attempts) AS prev_attempts,
+               l.claimed_at AS prev_claimed_at, l.claimed_by AS prev_claimed_by,
                coalesce(pgwork.work_unwanted(r.id, r.due_at, r.remind_before, r.recur_rule, r.due_local, r.paused,
                                              r.recur_skip, r.recur_until, r.recur_version,
                                              w.deadline, w.deadline_local, w.occurrence, w.recur_version),
                         -- Counted from the last redrive when there was one: a redrive says "send it".
                         CASE WHEN greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval < now() THEN 'expired'
-                             WHEN w.attempts - w.attempts_base >= claim_rows.max_attempts THEN 'dead'
+                             WHEN coalesce(l.attempts, w.attempts) - w.attempts_base >= claim_rows.max_attempts THEN 'dead'
                              ELSE 'claimed' END) AS verdict,
                -- The payload as text: nothing in the claim decodes it (one undecodable payload
                -- cannot fail a batch), and receivers get it exactly as stored.
@@ -245,46 +253,73 @@ BEGIN
           -- (joined to candidate, a generic plan that took its LIMIT as a tenth of the table
           -- hashed the whole table: 40 ms for 100 rows).
           FROM pgwork.renewal_work w
+          LEFT JOIN pgwork.work_lease l
+            ON l.work_id = w.id AND l.work_id = ANY ((SELECT array_agg(x.id) FROM reclaim x)::bigint[])
           LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
-         WHERE w.id = ANY ((SELECT array_agg(c.id) FROM candidate c)::bigint[])
-    ), updated AS (
+         WHERE w.id = ANY ((SELECT array_agg(c.id) FROM candidate c)::bigint[]) AND w.status = 'ready'
+    ), leased AS (
+        -- A new lease for a ready row ...
+        INSERT INTO pgwork.work_lease (work_id, lease, attempts, channel, source, due_at, expires_at, claimed_by, claimed_at)
+        SELECT (j.w).id, j.prev_lease + 1, j.prev_attempts + 1, (j.w).channel, (j.w).source, (j.w).due_at,
+               now() + claim_rows.lease::interval, claim_rows.daemon_id, now()
+          FROM judged j
+         WHERE j.verdict = 'claimed' AND NOT j.reclaimed
+    ), reissued AS (
+        -- ... and the next number of an expired one.
+        UPDATE pgwork.work_lease l
+           SET lease = j.prev_lease + 1, attempts = j.prev_attempts + 1,
+               expires_at = now() + claim_rows.lease::interval, claimed_by = claim_rows.daemon_id, claimed_at = now()
+          FROM judged j
+         WHERE l.work_id = (j.w).id AND j.verdict = 'claimed' AND j.reclaimed
+    ), released AS (
+        -- An expired lease whose row is closed instead (dead, expired, cancelled, superseded) goes.
+        DELETE FROM pgwork.work_lease l
+         USING judged j
+         WHERE l.work_id = (j.w).id AND j.verdict <> 'claimed' AND j.reclaimed
+    ), closed AS (
+        -- The record is written only for a row closed instead of sent (rare): the lease it last
+        -- held is settled with it.
         UPDATE pgwork.renewal_work w
            SET status = j.verdict,
-               lease = w.lease + (j.verdict = 'claimed')::int,
-               attempts = w.attempts + (j.verdict = 'claimed')::int,
-               claimed_at = CASE WHEN j.verdict = 'claimed' THEN now() ELSE w.claimed_at END,
-               claimed_by = CASE WHEN j.verdict = 'claimed' THEN claim_rows.daemon_id ELSE w.claimed_by END,
-               available_at = CASE WHEN j.verdict = 'claimed' THEN now() + claim_rows.lease::interval ELSE w.available_at END,
-               finished_at = CASE WHEN j.verdict = 'claimed' THEN NULL ELSE now() END,
+               lease = j.prev_lease,
+               attempts = j.prev_attempts,
+               claimed_at = coalesce(j.prev_claimed_at, w.claimed_at),
+               claimed_by = coalesce(j.prev_claimed_by, w.claimed_by),
+               finished_at = now(),
                dead_reason = CASE WHEN j.verdict <> 'dead' THEN NULL
-                                  WHEN j.prev_status = 'claimed' THEN 'attempt budget spent (the last lease expired)'
+                                  WHEN j.reclaimed THEN 'attempt budget spent (the last lease expired)'
                                   ELSE 'attempt budget spent' END,
                last_error = CASE WHEN j.verdict <> 'expired' THEN w.last_error
                                  ELSE format('expired: not sent by %s (due %s, expire_after %s)',
                                              greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval, w.due_at,
                                              claim_rows.expire_after::interval) END
           FROM judged j
-         WHERE w.id = j.id
+         WHERE w.id = (j.w).id AND j.verdict <> 'claimed'
+    ), updated AS (
         -- The row a worker gets (pgwork.claimed). pgwork.as_claimed is inlined and its fields
         -- taken from the row as the plan has it: nothing is built per row that a column list
         -- would not (test_hot_path.py::test_a_claim_runs_no_sql_function_body_of_its_own).
-        RETURNING (pgwork.as_claimed(w, j.prev_status, j.recipient, j.payload, j.due_tz)).*
+        SELECT (pgwork.as_claimed(j.w, j.verdict,
+                                  j.prev_lease + (j.verdict = 'claimed')::int,
+                                  j.prev_attempts + (j.verdict = 'claimed')::int,
+                                  CASE WHEN j.reclaimed THEN 'claimed' ELSE 'ready' END,
+                                  j.recipient, j.payload, j.due_tz)).*
+          FROM judged j
     ), spent AS (
         -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
         UPDATE pgwork.channel c
-           SET tokens = g.tokens - (SELECT count(*) FROM updated u WHERE u.status = 'claimed'), tokens_at = now()
+           SET tokens = g.tokens - (SELECT count(*) FROM judged j WHERE j.verdict = 'claimed'), tokens_at = now()
           FROM gate g
          WHERE c.name = g.name AND c.rate_limit IS NOT NULL
     ), expired AS (
         INSERT INTO pgwork.attempt
                (work_id, lease, attempt, daemon_id, host, pid, started_at, finished_at, outcome, error_class, error)
-        SELECT u.id, j.prev_lease, j.prev_attempts, j.prev_claimed_by, coalesce(d.host, 'unknown'),
+        SELECT (j.w).id, j.prev_lease, j.prev_attempts, j.prev_claimed_by, coalesce(d.host, 'unknown'),
                coalesce(d.pid, 0), j.prev_claimed_at, now(), 'lease_expired', 'LeaseExpired',
                'the worker holding the lease did not report before it expired'
-          FROM updated u
-          JOIN judged j ON j.id = u.id
+          FROM judged j
           LEFT JOIN pgwork.daemon d ON d.id = j.prev_claimed_by
-         WHERE u.prev_status = 'claimed'
+         WHERE j.reclaimed
             ON CONFLICT (work_id, lease) DO NOTHING
     )
     SELECT u.*

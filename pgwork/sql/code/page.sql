@@ -261,13 +261,14 @@ BEGIN
                 lease, attempts, claimed_at, claimed_by)
         SELECT o.id, o.source, o.business_key, o.due_at, o.before, o.fire_at, o.channel,
                pgwork.operation_id(o.id, o.source, o.business_key, o.due_at, o.before),
-               CASE WHEN k.id IS NULL THEN o.fire_at ELSE now() + materialise_page.claim_lease END,
-               CASE WHEN o.skip THEN 'expired' WHEN k.id IS NULL THEN 'ready' ELSE 'claimed' END,
+               o.fire_at,
+               CASE WHEN o.skip THEN 'expired' ELSE 'ready' END,
                CASE WHEN o.skip THEN now() END,
                CASE WHEN o.skip THEN format('skipped by catch_up = %s: due %s, before its reminder was written (%s)',
                                            o.catch_up, o.fire_at, o.planned_at) END,
                o.traceparent, o.tracestate,
-               (k.id IS NOT NULL)::int, (k.id IS NOT NULL)::int,
+               0, 0,
+               -- Claimed here: its lease row follows (leased), and claimed_at = now() tells them apart.
                CASE WHEN k.id IS NOT NULL THEN now() END,
                CASE WHEN k.id IS NOT NULL THEN materialise_page.daemon_id END
           FROM occ o
@@ -286,15 +287,28 @@ BEGIN
            -- A revived row keeps its lease and attempts: it is made ready, never claimed here, on
            -- the reminder's channel now. One that was tried (waiting for a retry when an edit
            -- closed it) is that send going on: never closed by catch_up, its retry time kept.
-           SET status = CASE WHEN excluded.status = 'claimed' OR w.attempts > 0 THEN 'ready' ELSE excluded.status END,
+           SET status = CASE WHEN w.attempts > 0 THEN 'ready' ELSE excluded.status END,
                available_at = CASE WHEN w.attempts > 0 THEN greatest(w.available_at, excluded.due_at)
-                                   WHEN excluded.status = 'claimed' THEN excluded.due_at ELSE excluded.available_at END,
+                                   ELSE excluded.available_at END,
                finished_at = CASE WHEN w.attempts > 0 THEN NULL ELSE excluded.finished_at END,
                last_error = CASE WHEN w.attempts > 0 THEN w.last_error ELSE excluded.last_error END,
                traceparent = excluded.traceparent, tracestate = excluded.tracestate, channel = excluded.channel
          WHERE w.status = 'superseded'
-        -- The whole row only for those claimed here (pgwork.as_claimed below).
-        RETURNING w.id, w.reminder_id, w.status, w.due_at, CASE WHEN w.status = 'claimed' THEN w END AS work
+        -- The whole row only for those claimed here (pgwork.as_claimed below): a row revived by
+        -- the upsert keeps the claimed_at of an earlier statement.
+        RETURNING w.id, w.reminder_id, w.status, w.due_at, w.channel, w.source, w.available_at,
+                  w.status = 'ready' AND w.claimed_at IS NOT DISTINCT FROM now() AS taken,
+                  CASE WHEN w.status = 'ready' AND w.claimed_at IS NOT DISTINCT FROM now() THEN w END AS work
+    ), queued AS (
+        -- The rows made ready (pgwork.wake_lanes wakes their lanes) ...
+        INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
+        SELECT m.id, m.channel, m.source, m.available_at, m.due_at FROM made m WHERE m.status = 'ready' AND NOT m.taken
+    ), leased AS (
+        -- ... and the leases of those claimed here: the first, one attempt.
+        INSERT INTO pgwork.work_lease (work_id, lease, attempts, channel, source, due_at, expires_at, claimed_by, claimed_at)
+        SELECT m.id, 1, 1, m.channel, m.source, m.due_at, now() + materialise_page.claim_lease,
+               materialise_page.daemon_id, now()
+          FROM made m WHERE m.taken
     ), nxt AS (
         SELECT o.id, coalesce(min(o.fire_at) FILTER (WHERE o.fire_at > o.cutoff), 'infinity') AS next_fire_at
           FROM occ o
@@ -321,9 +335,9 @@ BEGIN
                s.unfinished
           FROM params p
          CROSS JOIN (SELECT count(*) AS made,
-                            count(*) FILTER (WHERE m.due_at <= now() AND m.status IN ('ready', 'claimed')) AS made_due,
+                            count(*) FILTER (WHERE m.due_at <= now() AND m.status = 'ready') AS made_due,
                             count(*) FILTER (WHERE m.status = 'expired') AS skipped,
-                            coalesce(bool_or(m.status = 'ready'), false) AS ready,
+                            coalesce(bool_or(m.status = 'ready' AND NOT m.taken), false) AS ready,
                             min(m.due_at) AS earliest
                        FROM made m) AS m
          CROSS JOIN (SELECT coalesce(sum(s.made), 0)::bigint AS made, coalesce(sum(s.made_due), 0)::bigint AS made_due,
@@ -334,10 +348,11 @@ BEGIN
           LEFT JOIN LATERAL (SELECT d.next_fire_at, d.id FROM due d ORDER BY d.next_fire_at DESC, d.id DESC LIMIT 1) l ON true
     ), claimed AS (
         -- The reminder as this statement's snapshot sees it (advanced changed only its progress).
-        SELECT pgwork.as_claimed(m.work, 'ready', r.recipient, r.payload::text, NULL) AS claimed, m.due_at, m.id
+        SELECT pgwork.as_claimed(m.work, 'claimed', 1, 1, 'ready', r.recipient, r.payload::text, NULL) AS claimed,
+               m.due_at, m.id
           FROM made m
           JOIN pgwork.reminder r ON r.id = m.reminder_id
-         WHERE m.status = 'claimed'
+         WHERE m.taken
     )
     SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
            f.last_at, f.last_id, f.unfinished, c.claimed

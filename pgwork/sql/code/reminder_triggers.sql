@@ -196,13 +196,16 @@ CREATE OR REPLACE TRIGGER reminder_before_update
                      recur, recur_until, recur_skip, paused
     ON pgwork.reminder FOR EACH ROW EXECUTE FUNCTION pgwork.reminder_before_write();
 
--- Unclaimed work for a schedule that no longer holds is closed at once; work already claimed is
+-- Unclaimed work for a schedule that no longer holds is closed at once: its ready row (which
+-- the claim takes with SKIP LOCKED: an app's open transaction holding it delays no claim) goes,
+-- then its record is closed. The ready rows are named as an id array (read by primary key
+-- whatever the statistics: joined, a plan made while work_ready was empty scanned all of it). Work already claimed (a lease row, no ready row) is left alone and
 -- re-checked by the claim itself, which re-reads the reminder in the same statement.
 -- Both triggers read the reminder's own rows through work_occurrence_unique, whatever the
 -- statistics say: the status is tested with IS NOT DISTINCT FROM (status is NOT NULL, so the same
--- test as =), which the planner cannot match to work_claimable's predicate. With '=', statistics
--- taken while little work was live made it add a scan of all of work_claimable (a BitmapAnd), and
--- every app's move or delete of a reminder read every live work row of every channel.
+-- test as =), which the planner cannot match to a partial index's predicate. With '=', statistics
+-- taken while little work was live made it add a scan of all of the (then) claim index (a
+-- BitmapAnd), and every app's move or delete of a reminder read every live work row of every channel.
 CREATE OR REPLACE FUNCTION pgwork.reminder_after_reschedule() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork SET jit = off AS $$
 DECLARE
@@ -213,11 +216,18 @@ BEGIN
     -- pages, claims and outcome flushes of every source would otherwise wait on until the app's
     -- transaction ends.
     IF NEW.recur_rule IS NULL THEN
-        UPDATE pgwork.renewal_work
+        WITH unready AS (
+            DELETE FROM pgwork.work_ready q
+             WHERE q.work_id = ANY ((SELECT array_agg(w.id) FROM pgwork.renewal_work w
+                                      WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+                                        AND (w.deadline <> NEW.due_at OR NOT w.occurrence = ANY (NEW.remind_before)
+                                             OR w.deadline_local IS NOT NULL OR w.channel <> NEW.channel))::bigint[])
+            RETURNING q.work_id
+        )
+        UPDATE pgwork.renewal_work w
            SET status = 'superseded', finished_at = now()
-         WHERE reminder_id = NEW.id AND status IS NOT DISTINCT FROM 'ready'
-           AND (deadline <> NEW.due_at OR NOT occurrence = ANY (NEW.remind_before) OR deadline_local IS NOT NULL
-                OR channel <> NEW.channel);
+          FROM unready u
+         WHERE w.id = u.work_id;
     ELSE
         -- A new zone moves the instants of the series' local deadlines. Its occurrences made and
         -- never tried (ready, or closed unsent) that move are removed: the next page makes each
@@ -226,23 +236,42 @@ BEGIN
         -- that instant (one send per instant). Kept, they would hold their old instant against
         -- another local deadline that the new zone puts there.
         IF NEW.due_tz IS DISTINCT FROM OLD.due_tz THEN
+            -- (A live one only when it is not held: its ready row goes with it.)
+            WITH unready AS (
+                DELETE FROM pgwork.work_ready q
+                 WHERE q.work_id = ANY ((SELECT array_agg(w.id) FROM pgwork.renewal_work w
+                                          WHERE w.reminder_id = NEW.id
+                                            AND w.status IS NOT DISTINCT FROM 'ready' AND w.attempts = 0
+                                            AND w.deadline IS DISTINCT FROM
+                                                pgwork.local_to_instant(w.deadline_local, NEW.due_tz))::bigint[])
+                RETURNING q.work_id
+            )
             DELETE FROM pgwork.renewal_work w
              WHERE w.reminder_id = NEW.id
-               AND coalesce(w.status, '') IN ('ready', 'superseded', 'expired') AND w.attempts = 0
+               AND (coalesce(w.status, '') IN ('superseded', 'expired')
+                    OR w.id = ANY ((SELECT coalesce(array_agg(u.work_id), '{}') FROM unready u)::bigint[]))
+               AND w.attempts = 0
                AND w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz);
         END IF;
         -- Unsent occurrences the series no longer has, those it moves that were tried (waiting
         -- for a retry: they keep their instant, as that send), and those of another channel are
         -- superseded.
-        WITH closed AS (
+        WITH unready AS (
+            DELETE FROM pgwork.work_ready q
+             WHERE q.work_id = ANY ((SELECT array_agg(w.id) FROM pgwork.renewal_work w
+                                      WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+                                        AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
+                                             OR w.channel <> NEW.channel
+                                             OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused,
+                                                                       NEW.recur_skip, NEW.recur_until, NEW.remind_before,
+                                                                       NEW.recur_version, w.deadline_local, w.occurrence,
+                                                                       NULL) IS NOT NULL))::bigint[])
+            RETURNING q.work_id
+        ), closed AS (
             UPDATE pgwork.renewal_work w
                SET status = 'superseded', finished_at = now()
-             WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
-               AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
-                    OR w.channel <> NEW.channel
-                    OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused, NEW.recur_skip,
-                                              NEW.recur_until, NEW.remind_before, NEW.recur_version,
-                                              w.deadline_local, w.occurrence, NULL) IS NOT NULL)
+              FROM unready u
+             WHERE w.id = u.work_id
             RETURNING w.due_at
         )
         SELECT min(c.due_at) INTO rewind FROM closed c;
@@ -269,9 +298,16 @@ CREATE OR REPLACE TRIGGER reminder_after_reschedule
 CREATE OR REPLACE FUNCTION pgwork.reminder_after_delete() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
 BEGIN
-    UPDATE pgwork.renewal_work
+    WITH unready AS (
+        DELETE FROM pgwork.work_ready q
+         WHERE q.work_id = ANY ((SELECT array_agg(w.id) FROM pgwork.renewal_work w
+                                  WHERE w.reminder_id = OLD.id AND w.status IS NOT DISTINCT FROM 'ready')::bigint[])
+        RETURNING q.work_id
+    )
+    UPDATE pgwork.renewal_work w
        SET status = 'cancelled', finished_at = now()
-     WHERE reminder_id = OLD.id AND status IS NOT DISTINCT FROM 'ready';
+      FROM unready u
+     WHERE w.id = u.work_id;
     DELETE FROM pgwork.retired WHERE reminder_id = OLD.id;
     RETURN NULL;
 END

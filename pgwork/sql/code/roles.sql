@@ -65,8 +65,8 @@ BEGIN
         GRANT SELECT, UPDATE ON pgwork.config, pgwork.reminder, pgwork.materialiser_state,
               pgwork.retention_state TO pgwork_daemon;
         GRANT SELECT, INSERT, UPDATE ON pgwork.channel TO pgwork_daemon;
-        GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.attempt, pgwork.retired,
-              pgwork.daemon, pgwork.lane TO pgwork_daemon;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.work_ready, pgwork.work_lease,
+              pgwork.attempt, pgwork.retired, pgwork.daemon, pgwork.lane TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.claim_lanes, pgwork.claim_rows TO pgwork_daemon;

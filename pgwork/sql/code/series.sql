@@ -243,7 +243,11 @@ BEGIN
                traceparent = excluded.traceparent, tracestate = excluded.tracestate, channel = excluded.channel,
                deadline = excluded.deadline, due_at = excluded.due_at, recur_version = excluded.recur_version
          WHERE w.status = 'superseded'
-        RETURNING w.reminder_id, w.status, w.due_at
+        RETURNING w.id, w.reminder_id, w.status, w.due_at, w.channel, w.source, w.available_at
+    ), queued AS (
+        -- The rows made ready, in the claim's order (pgwork.wake_lanes wakes their lanes).
+        INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
+        SELECT m.id, m.channel, m.source, m.available_at, m.due_at FROM made m WHERE m.status = 'ready'
     ), nxt AS (
         -- Unfinished: its progress is how far the page went. Else its first send past the
         -- cutoff in the windows, but never later than the earliest send of a deadline past a

@@ -32,33 +32,32 @@ COMMENT ON FUNCTION pgwork.skipped_by_catch_up(text, timestamptz, timestamptz, t
 
 CREATE OR REPLACE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
-RETURN (SELECT count(*) FROM pgwork.renewal_work h
-         WHERE h.channel = claimed_now.channel AND h.status = 'claimed' AND h.available_at > now());
+RETURN (SELECT count(*) FROM pgwork.work_lease h
+         WHERE h.channel = claimed_now.channel AND h.expires_at > now());
 COMMENT ON FUNCTION pgwork.claimed_now(text) IS
     'Rows of a channel claimed under live leases, by every daemon: what global_concurrency and a '
-    'throttle limit count (an expired lease does not: its row is claimable again). Reads work_held.';
+    'throttle limit count (an expired lease does not: its row is claimable again). Reads work_lease_expiry.';
 
 CREATE OR REPLACE FUNCTION pgwork.wake_lanes() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival): their
-    -- lanes' turns come no later than the rows (or now, for a row ready earlier: it queues
-    -- behind the lanes already waiting). Lanes are locked in key order by every writer, so two
-    -- writers never wait for each other in a cycle; a claim never waits for a lane (SKIP
-    -- LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a claim turning
-    -- the lane meanwhile (it could not see these rows) is waited for, then corrected.
-    -- The lane's ready_from comes forward to the first of them too, in work_claimable's order
-    -- (the claim reads the lane from there).
-    -- Most statements make no row ready (every claim, delivered and dead outcomes, the page that
-    -- claims what it makes): they leave before the upsert, whose plan is not started for them.
-    IF NOT EXISTS (SELECT FROM woken r WHERE r.status = 'ready') THEN
+    -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival: every
+    -- insert into work_ready): their lanes' turns come no later than the rows (or now, for a row
+    -- ready earlier: it queues behind the lanes already waiting). Lanes are locked in key order by
+    -- every writer, so two writers never wait for each other in a cycle; a claim never waits for
+    -- a lane (SKIP LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a
+    -- claim turning the lane meanwhile (it could not see these rows) is waited for, then
+    -- corrected. The lane's ready_from comes forward to the first of them too, in
+    -- work_ready_order's order (the claim reads the lane from there).
+    -- A statement that inserted no row (a flush with no retry, a page that claimed all it made)
+    -- leaves before the upsert, whose plan is then not started.
+    IF NOT EXISTS (SELECT FROM woken) THEN
         RETURN NULL;
     END IF;
     INSERT INTO pgwork.lane AS l (channel, source, turn_at, ready_from, ready_from_id)
-    SELECT DISTINCT ON (r.channel, r.source) r.channel, r.source, r.available_at, r.available_at, r.id
+    SELECT DISTINCT ON (r.channel, r.source) r.channel, r.source, r.available_at, r.available_at, r.work_id
       FROM woken r
-     WHERE r.status = 'ready'
-     ORDER BY r.channel, r.source, r.available_at, r.id
+     ORDER BY r.channel, r.source, r.available_at, r.work_id
         ON CONFLICT (channel, source) DO UPDATE
        SET turn_at = least(l.turn_at, greatest(excluded.turn_at, now())),
            ready_from = CASE WHEN (l.ready_from, l.ready_from_id) > (excluded.ready_from, excluded.ready_from_id)
@@ -71,11 +70,77 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgwork.wake_lanes() IS
-    'Statement trigger on renewal_work: the lanes of rows made ready are due no later than the rows.';
-CREATE OR REPLACE TRIGGER work_wakes_lanes_on_insert AFTER INSERT ON pgwork.renewal_work
+    'Statement trigger on work_ready: the lanes of rows made ready are due no later than the rows.';
+CREATE OR REPLACE TRIGGER work_ready_wakes_lanes AFTER INSERT ON pgwork.work_ready
     REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
-CREATE OR REPLACE TRIGGER work_wakes_lanes_on_update AFTER UPDATE ON pgwork.renewal_work
-    REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
+
+-- Live work: a row of work_ready (waiting) or of work_lease (held), one per live occurrence.
+CREATE OR REPLACE FUNCTION pgwork.live_work(channel text)
+RETURNS TABLE (work_id bigint, channel text, source text, due_at timestamptz, available_at timestamptz, held boolean)
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT q.work_id, q.channel, q.source, q.due_at, q.available_at, false
+      FROM pgwork.work_ready q
+     WHERE live_work.channel IS NULL OR q.channel = live_work.channel
+    UNION ALL
+    SELECT l.work_id, l.channel, l.source, l.due_at, l.expires_at, true
+      FROM pgwork.work_lease l
+     WHERE live_work.channel IS NULL OR l.channel = live_work.channel
+$$;
+COMMENT ON FUNCTION pgwork.live_work(text) IS
+    'The live occurrences of a channel (NULL: of every channel): ready ones (available_at: when '
+    'claimable) and held ones (held; available_at: the lease''s expiry). Read by operators'' queries.';
+
+-- A work record as it stands: "claimed" is not stored but a lease row (pgwork.work_lease), whose
+-- lease, attempts, expiry and holder are then the row's.
+CREATE OR REPLACE FUNCTION pgwork.work_now(w pgwork.renewal_work, l pgwork.work_lease)
+RETURNS pgwork.renewal_work LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF l.work_id IS NOT NULL THEN
+        w.status := 'claimed';
+        w.lease := l.lease;
+        w.attempts := l.attempts;
+        w.available_at := l.expires_at;
+        w.claimed_at := l.claimed_at;
+        w.claimed_by := l.claimed_by;
+    END IF;
+    RETURN w;
+END
+$$;
+COMMENT ON FUNCTION pgwork.work_now(pgwork.renewal_work, pgwork.work_lease) IS
+    'A work record with its lease row applied (status claimed, the lease''s number, attempts, expiry and holder).';
+
+-- The queue's invariant, which every fault test checks: a live record has exactly one ready or
+-- lease row, a terminal one neither; queue rows name a record, on its channel and source; a lease
+-- never numbers below the record's. Returns the rows that break it (none: it holds).
+CREATE OR REPLACE FUNCTION pgwork.work_invariant()
+RETURNS TABLE (work_id bigint, problem text)
+LANGUAGE sql STABLE AS $$
+    SELECT w.id, CASE WHEN q.work_id IS NOT NULL AND l.work_id IS NOT NULL THEN 'both ready and leased'
+                      WHEN w.status = 'ready' AND q.work_id IS NULL AND l.work_id IS NULL THEN 'live but neither ready nor leased'
+                      WHEN w.status <> 'ready' AND (q.work_id IS NOT NULL OR l.work_id IS NOT NULL) THEN 'terminal but queued'
+                      WHEN q.channel <> w.channel OR q.source <> w.source THEN 'ready row on another channel or source'
+                      WHEN l.channel <> w.channel OR l.source <> w.source THEN 'lease row on another channel or source'
+                      WHEN l.lease <= w.lease THEN 'lease not above the settled one'
+                      WHEN l.attempts <= w.attempts THEN 'lease attempts not above the settled ones'
+                 END
+      FROM pgwork.renewal_work w
+      LEFT JOIN pgwork.work_ready q ON q.work_id = w.id
+      LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
+     WHERE (q.work_id IS NOT NULL AND l.work_id IS NOT NULL)
+        OR (w.status = 'ready' AND q.work_id IS NULL AND l.work_id IS NULL)
+        OR (w.status <> 'ready' AND (q.work_id IS NOT NULL OR l.work_id IS NOT NULL))
+        OR q.channel <> w.channel OR q.source <> w.source
+        OR l.channel <> w.channel OR l.source <> w.source
+        OR l.lease <= w.lease OR l.attempts <= w.attempts
+    UNION ALL
+    SELECT q.work_id, 'ready row without a record' FROM pgwork.work_ready q
+     WHERE NOT EXISTS (SELECT FROM pgwork.renewal_work w WHERE w.id = q.work_id)
+    UNION ALL
+    SELECT l.work_id, 'lease row without a record' FROM pgwork.work_lease l
+     WHERE NOT EXISTS (SELECT FROM pgwork.renewal_work w WHERE w.id = l.work_id)
+$$;
+COMMENT ON FUNCTION pgwork.work_invariant() IS
+    'The work rows that break the queue''s invariant (see docs/how-it-works.md); none while it holds. Reads every table: for tests and operators, not the hot path.';
 
 CREATE OR REPLACE FUNCTION pgwork.tokens_now(rate_limit double precision, rate_burst double precision,
                                   tokens double precision, tokens_at timestamptz)
@@ -124,17 +189,18 @@ RETURN CASE WHEN deadline_local IS NULL
 COMMENT ON FUNCTION pgwork.work_unwanted(bigint, timestamptz, interval[], jsonb, timestamp, boolean, timestamp[], timestamp, integer, timestamptz, timestamp, interval, integer) IS
     'Why a work row''s occurrence is no longer wanted (cancelled, superseded), or NULL while it is.';
 
-CREATE OR REPLACE FUNCTION pgwork.as_claimed(w pgwork.renewal_work, prev_status text, recipient text, payload text,
-                                             time_zone text)
+CREATE OR REPLACE FUNCTION pgwork.as_claimed(w pgwork.renewal_work, status text, lease integer, attempts integer,
+                                             prev_status text, recipient text, payload text, time_zone text)
 RETURNS pgwork.claimed LANGUAGE sql IMMUTABLE PARALLEL SAFE
--- The row a worker gets (pgwork.claimed) from a work row as a claim left it (claim_work) or a page
--- made it claimed (pgwork.materialise_page): the status it had before, and the reminder's
--- recipient, payload and, for a series, zone, as the statement read them. Retries count from the
--- last redrive, or from the occurrence's due time (never before the row was made).
+-- The row a worker gets (pgwork.claimed) from a work record, with the status, lease and attempts
+-- a claim gave it (claim_rows: the lease row it wrote, or the record's own for a row it closed),
+-- or a page that made it claimed (pgwork.materialise_page): the status it had before, and the
+-- reminder's recipient, payload and, for a series, zone, as the statement read them. Retries
+-- count from the last redrive, or from the occurrence's due time (never before the row was made).
 RETURN ROW(w.id, w.reminder_id, w.source, w.business_key, w.deadline, w.occurrence, w.due_at, w.channel,
-           w.operation_id, w.status, w.attempts, w.attempts_base, w.lease,
+           w.operation_id, status, attempts, w.attempts_base, lease,
            coalesce(w.redriven_at, greatest(w.due_at, w.created_at)),
            prev_status, recipient, payload, w.traceparent, w.tracestate, w.deadline_local,
            CASE WHEN w.deadline_local IS NOT NULL THEN time_zone END)::pgwork.claimed;
-COMMENT ON FUNCTION pgwork.as_claimed(pgwork.renewal_work, text, text, text, text) IS
-    'A work row as a worker gets it (pgwork.claimed), with the status it had and its reminder''s recipient, payload and zone.';
+COMMENT ON FUNCTION pgwork.as_claimed(pgwork.renewal_work, text, integer, integer, text, text, text, text) IS
+    'A work row as a worker gets it (pgwork.claimed), with its status, lease and attempts, the status it had and its reminder''s recipient, payload and zone.';
