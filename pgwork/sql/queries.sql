@@ -378,17 +378,14 @@ WITH o AS (
       FROM jsonb_populate_recordset(NULL::pgwork.outcome, %(outcomes)s::jsonb) AS o
 ), held AS (
     -- The fence: an outcome is applied only while its lease row is there, and applying it
-    -- deletes that row. No row lock taken first (it cost a WAL record and ~6 us of Postgres per
-    -- job): the DELETE locks its rows in whatever order its plan reads them, and the heartbeat
-    -- (extend_leases) skips rows locked by anyone, so the two never wait for each other in a
-    -- cycle. A lease reissued meanwhile (a reclaim) is re-checked on its new version (READ
-    -- COMMITTED) and left alone. The rows are named as an id array, so they are read by primary
-    -- key whatever the estimates.
-    DELETE FROM pgwork.work_lease l
-     USING o
-     WHERE l.work_id = o.work_id AND l.lease = o.lease
-       AND l.work_id = ANY ((SELECT array_agg(work_id) FROM o)::bigint[])
-    RETURNING l.work_id, l.lease, l.attempts, l.claimed_at, l.claimed_by
+    -- deletes that row (pgwork.lease_end: by key, whatever the estimates). No row lock taken
+    -- first (it cost a WAL record and ~6 us of Postgres per job): the DELETE locks its rows in
+    -- whatever order its plan reads them, and the heartbeat (extend_leases) skips rows locked by
+    -- anyone, so the two never wait for each other in a cycle. A lease reissued meanwhile (a
+    -- reclaim) is re-checked on its new version (READ COMMITTED) and left alone.
+    SELECT l.work_id, l.lease, l.attempts, l.claimed_at, l.claimed_by
+      FROM (SELECT array_agg(o.work_id) AS ids, array_agg(o.lease) AS leases FROM o) AS a
+     CROSS JOIN LATERAL pgwork.lease_end(a.ids, a.leases) AS l
 ), done AS (
     -- The record's one write of this attempt: its outcome, with the lease settled.
     UPDATE pgwork.renewal_work w
@@ -522,52 +519,25 @@ WITH o AS (
 SELECT j.work_id AS fenced_id, j.lease, j.already FROM judged j WHERE NOT j.applied
 
 -- name: extend_leases
--- Heartbeat for long deliveries: push the lease of rows still held, matched on (work id, lease).
--- A lease row locked right now is skipped (its outcome is being written, or another daemon is
--- reclaiming it): the heartbeat never waits, so it cannot deadlock with an outcome flush, which
--- locks its rows in no particular order; the next heartbeat, a third of a lease later, extends
--- it. Returns every row this daemon still holds (its lease row there as this statement sees
--- them), extended now or skipped as busy: the others are lost.
--- The rows are read by primary key whatever the estimates: an id array, as a subquery (a
--- custom plan that saw its 20 ids read a small work_lease whole).
-WITH mine AS MATERIALIZED (
-    SELECT l.work_id AS id, l.lease
-      FROM pgwork.work_lease l
-      JOIN unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
-        ON l.work_id = h.work_id AND l.lease = h.lease_no
-     WHERE l.work_id = ANY ((SELECT %(work_id)s::bigint[])::bigint[])
-), locked AS (
-    -- The conditions again: a row changed since the snapshot is judged on its new version.
-    SELECT l.work_id
-      FROM pgwork.work_lease l
-      JOIN mine m ON m.id = l.work_id AND m.lease = l.lease
-     WHERE l.work_id = ANY ((SELECT %(work_id)s::bigint[])::bigint[])
-       FOR UPDATE OF l SKIP LOCKED
-), extended AS (
-    UPDATE pgwork.work_lease l
-       SET expires_at = now() + %(lease)s::interval
-      FROM locked k
-     WHERE l.work_id = k.work_id
-)
-SELECT m.id, m.lease FROM mine m
+-- Heartbeat for long deliveries: push the lease of rows still held, matched on (work id, lease),
+-- passing over a row locked right now (pgwork.lease_extend). Returns every row this daemon still
+-- holds, extended now or passed over as busy: the others are lost.
+SELECT e.id, e.lease
+  FROM pgwork.lease_extend(%(work_id)s::bigint[], %(lease_no)s::int[], %(lease)s::interval) AS e
 
 -- name: release_leases
 -- Clean shutdown: give back rows we hold without counting the attempt (fenced by lease): the
--- lease row goes, the record settles that lease number with the attempt uncounted, and the row
--- is ready again at once.
--- The rows are read by primary key whatever the estimates (see record_outcomes).
+-- lease row goes (pgwork.lease_end), the record settles that lease number with the attempt
+-- uncounted, and the row is ready again at once.
 WITH released AS (
-    DELETE FROM pgwork.work_lease l
-     USING unnest(%(work_id)s::bigint[], %(lease_no)s::int[]) AS h(work_id, lease_no)
-     WHERE l.work_id = h.work_id AND l.lease = h.lease_no
-       AND l.work_id = ANY ((SELECT %(work_id)s::bigint[])::bigint[])
-    RETURNING l.work_id, l.lease, l.attempts, l.claimed_at, l.claimed_by
+    SELECT l.work_id, l.lease, l.attempts, l.claimed_at, l.claimed_by
+      FROM pgwork.lease_end(%(work_id)s::bigint[], %(lease_no)s::int[]) AS l
 ), settled AS (
     UPDATE pgwork.renewal_work w
        SET lease = r.lease, attempts = r.attempts - 1, available_at = now(),
            claimed_at = r.claimed_at, claimed_by = r.claimed_by
       FROM released r
-     WHERE w.id = r.work_id AND w.id = ANY (%(work_id)s::bigint[])
+     WHERE w.id = r.work_id AND w.id = ANY ((SELECT array_agg(r2.work_id) FROM released r2)::bigint[])
     RETURNING w.id, w.channel, w.source, w.available_at, w.due_at
 ), requeued AS (
     INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)

@@ -69,7 +69,8 @@ BEGIN
               pgwork.attempt, pgwork.retired, pgwork.daemon, pgwork.lane TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
-        GRANT EXECUTE ON FUNCTION pgwork.claim_lanes, pgwork.claim_rows TO pgwork_daemon;
+        GRANT EXECUTE ON FUNCTION pgwork.claim_lanes, pgwork.claim_rows, pgwork.lease_end, pgwork.lease_extend
+           TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_series TO pgwork_daemon;
         BEGIN
             -- The xmin-horizon gauge reads other sessions' backend_xmin.

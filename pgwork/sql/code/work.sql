@@ -74,6 +74,65 @@ COMMENT ON FUNCTION pgwork.wake_lanes() IS
 CREATE OR REPLACE TRIGGER work_ready_wakes_lanes AFTER INSERT ON pgwork.work_ready
     REFERENCING NEW TABLE AS woken FOR EACH STATEMENT EXECUTE FUNCTION pgwork.wake_lanes();
 
+-- Leases are read by key, whatever the statistics: the outcome, the heartbeat and the release
+-- name theirs as (work id, lease) arrays, and a plan made while work_lease was small (a daemon
+-- starts, or PostgreSQL 15 on any small table) read all of it, and a session keeps its plan as
+-- the table grows (test_hot_path.py::test_outcomes_leases_and_releases_read_only_the_rows_they_name).
+-- Hence functions with sequential scans off, as the claim has.
+
+-- End the leases named (an outcome, a release): their rows go, and are returned. A lease passed
+-- on meanwhile (a reclaim: a new number) is re-checked on its new version and left alone.
+CREATE OR REPLACE FUNCTION pgwork.lease_end(work_ids bigint[], leases integer[])
+RETURNS SETOF pgwork.work_lease
+LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
+BEGIN
+    RETURN QUERY
+    DELETE FROM pgwork.work_lease l
+     USING unnest(lease_end.work_ids, lease_end.leases) AS h(work_id, lease)
+     WHERE l.work_id = h.work_id AND l.lease = h.lease AND l.work_id = ANY (lease_end.work_ids)
+    RETURNING l.*;
+END
+$$;
+COMMENT ON FUNCTION pgwork.lease_end(bigint[], integer[]) IS
+    'Delete the lease rows named by (work id, lease), returning them: the fence of an outcome or a release (the daemon''s only).';
+REVOKE EXECUTE ON FUNCTION pgwork.lease_end(bigint[], integer[]) FROM PUBLIC;
+
+-- The heartbeat: push the expiry of the leases named that are still held, passing over any row
+-- locked right now (its outcome is being written, or another daemon reclaims it): it never waits,
+-- so it cannot deadlock with an outcome flush; the next beat extends it. Returns every lease still
+-- held as its snapshot sees them, extended or passed over: the others are lost.
+CREATE OR REPLACE FUNCTION pgwork.lease_extend(work_ids bigint[], leases integer[], extend_by interval)
+RETURNS TABLE (id bigint, lease integer)
+LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH mine AS MATERIALIZED (
+        SELECT l.work_id AS id, l.lease
+          FROM pgwork.work_lease l
+          JOIN unnest(lease_extend.work_ids, lease_extend.leases) AS h(work_id, lease)
+            ON l.work_id = h.work_id AND l.lease = h.lease
+         WHERE l.work_id = ANY (lease_extend.work_ids)
+    ), locked AS (
+        -- The conditions again: a row changed since the snapshot is judged on its new version.
+        SELECT l.work_id
+          FROM pgwork.work_lease l
+          JOIN mine m ON m.id = l.work_id AND m.lease = l.lease
+         WHERE l.work_id = ANY (lease_extend.work_ids)
+           FOR UPDATE OF l SKIP LOCKED
+    ), extended AS (
+        UPDATE pgwork.work_lease l
+           SET expires_at = now() + lease_extend.extend_by
+          FROM locked k
+         WHERE l.work_id = k.work_id
+    )
+    SELECT m.id, m.lease FROM mine m;
+END
+$$;
+COMMENT ON FUNCTION pgwork.lease_extend(bigint[], integer[], interval) IS
+    'The heartbeat: extend the leases named that are still held (the daemon''s only).';
+REVOKE EXECUTE ON FUNCTION pgwork.lease_extend(bigint[], integer[], interval) FROM PUBLIC;
+
 -- Live work: a row of work_ready (waiting) or of work_lease (held), one per live occurrence.
 CREATE OR REPLACE FUNCTION pgwork.live_work(channel text)
 RETURNS TABLE (work_id bigint, channel text, source text, due_at timestamptz, available_at timestamptz, held boolean)
