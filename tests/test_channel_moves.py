@@ -4,6 +4,7 @@ reminder now names, with the same idempotency key. Real daemon, real HTTP receiv
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -210,3 +211,68 @@ async def test_random_edits_against_a_flaky_receiver_send_each_wanted_occurrence
         "WHERE w.status IN ('ready', 'claimed') AND w.channel <> r.channel",
     )
     assert stranded == []
+
+
+async def test_retire_fences_a_send_in_flight_and_moves_live_rows_to_their_reminder_s_channel(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`channel retire test --cancel` with work of every kind on the channel: a send in flight
+    of a reminder it deletes is fenced (its lease goes; the late answer is written to the
+    ledger as fenced and changes nothing), its unsent work is cancelled, and live rows whose
+    reminder another channel names now (one in flight, one waiting: the app moved them) go to
+    that channel, the waiting one into its queue. The queue's invariant holds throughout (the
+    conn fixture checks it at the end)."""
+    from .helpers import WORK_NOW, add, claim, materialise, statement
+
+    await conn.execute(
+        "INSERT INTO pgwork.channel (name, kind) VALUES ('log', 'log') ON CONFLICT DO NOTHING"
+    )
+    for key, ago in (("held", 4), ("moved-held", 3), ("moved-ready", 2), ("waiting", 1)):
+        await add(conn, key, f"now() - interval '{ago} minutes'")
+    await materialise(dsn)
+    held = {r["business_key"]: r for r in await claim(dsn, limit=2)}
+    assert set(held) == {"held", "moved-held"}
+    # The app moves two reminders to 'log': the one in flight keeps its lease; the waiting one
+    # is moved as if its edit raced the trigger (no trigger runs in this session).
+    await conn.execute(
+        "UPDATE pgwork.reminder SET channel = 'log' WHERE business_key = 'moved-held'"
+    )
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute(
+        "UPDATE pgwork.reminder SET channel = 'log' WHERE business_key = 'moved-ready'"
+    )
+    await conn.execute("SET session_replication_role = DEFAULT")
+    use = await store.channel_retire(conn, channel="test", cancel=True)
+    assert use is not None and (use.reminders, use.live, use.moved) == (2, 2, 2), use
+
+    async def answer(key: str) -> list[dict[str, Any]]:
+        r = held[key]
+        rec = {"work_id": r["id"], "lease": r["lease"], "attempt": 1, "channel": "test",
+               "outcome": "delivered", "status": "delivered"}  # fmt: skip
+        return await statement(
+            conn, "record_outcomes",
+            {"outcomes": json.dumps([rec]), "daemon_id": "d", "host": "h", "pid": 1},
+        )  # fmt: skip
+
+    assert [f["fenced_id"] for f in await answer("held")] == [held["held"]["id"]]
+    assert await answer("moved-held") == []  # its send, finished on its new channel
+    got = await rows(
+        conn,
+        f"SELECT business_key, status, channel FROM ({WORK_NOW}) AS w ORDER BY business_key",
+    )
+    assert [(g["business_key"], g["status"], g["channel"]) for g in got] == [
+        ("held", "cancelled", "test"),
+        ("moved-held", "delivered", "log"),
+        ("moved-ready", "ready", "log"),
+        ("waiting", "cancelled", "test"),
+    ]
+    queued = await rows(conn, "SELECT channel FROM pgwork.work_ready")
+    assert queued == [{"channel": "log"}]
+    lanes = await rows(conn, "SELECT channel, source FROM pgwork.lane WHERE channel = 'log'")
+    assert lanes == [{"channel": "log", "source": "test"}]  # its lane woken on the new channel
+    ledger = await rows(
+        conn,
+        "SELECT a.outcome FROM pgwork.attempt a JOIN pgwork.renewal_work w ON w.id = a.work_id "
+        "WHERE w.business_key = 'held'",
+    )
+    assert [x["outcome"] for x in ledger] == ["fenced"]

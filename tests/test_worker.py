@@ -692,3 +692,51 @@ async def test_rows_waiting_for_their_outcome_leave_the_prefetch_to_claims(
         await until(lambda: _eq(conn, 100), what="100 delivered")
     keys = [d.business_key for d in sink.DELIVERED]
     assert len(keys) == len(set(keys)) == 100
+
+
+async def test_a_cancel_in_an_open_transaction_delays_no_claim_and_wins(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """An app deletes a reminder whose work is ready and keeps its transaction open: its trigger
+    holds that work's ready row, and a claim meanwhile passes over it (SKIP LOCKED) and takes the
+    others at once; the app commits, and the occurrence is cancelled, never claimed."""
+    for key in ("cancelled", "other"):
+        await add(conn, key, "now() - interval '1 minute'" if key == "cancelled" else "now()")
+    await materialise(dsn)
+    async with await psycopg.AsyncConnection.connect(dsn) as app:
+        await app.execute("DELETE FROM pgwork.reminder WHERE business_key = 'cancelled'")
+        with anyio.fail_after(3):
+            got = await claim(dsn, limit=10)
+        assert [r["business_key"] for r in got] == ["other"]
+        await app.commit()
+    assert await claim(dsn, limit=10) == []
+    states = {w["business_key"]: w["status"] for w in await work(conn)}
+    assert states == {"cancelled": "cancelled", "other": "claimed"}
+
+
+async def test_a_claim_in_flight_holds_a_cancel_until_it_commits_and_its_send_goes_on(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A claim has taken a row and not committed yet when the app deletes its reminder: the
+    app's trigger waits for the claim (the ready row is locked), then finds the row claimed and
+    leaves it (a send in flight is never recalled); the app's statement ends as soon as the
+    claim commits, and the lease is the worker's to report."""
+    await add(conn, "k")
+    await materialise(dsn)
+    deleted = anyio.Event()
+
+    async def app_delete() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
+            await app.execute("DELETE FROM pgwork.reminder WHERE business_key = 'k'")
+        deleted.set()
+
+    async with await db.connect(dsn) as daemon, anyio.create_task_group() as tg:
+        async with daemon.transaction():
+            (row,) = await claim(dsn, limit=1, on=daemon)
+            tg.start_soon(app_delete)
+            await anyio.sleep(0.5)
+            assert not deleted.is_set()  # waiting for the claim's lock
+        with anyio.fail_after(3):  # the claim committed
+            await deleted.wait()
+    (w,) = await work(conn)
+    assert (w["status"], w["lease"]) == ("claimed", row["lease"])
