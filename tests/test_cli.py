@@ -824,3 +824,27 @@ async def test_intervals_are_printed_as_postgresql_writes_them(
     )
     r = pgwork("reminder", "s", "k", dsn=dsn)
     assert "remind_before {7 days, 00:00:00}" in r.stdout, r.stdout
+
+
+async def test_dlq_list_and_retrying_name_a_channel_that_does_not_exist(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`dlq list --channel nosuch` answered "no dead letters", exit 0, for a misspelt channel, as
+    if all were well there (`channel pause nosuch` names it, exit 1). Both listings now say there
+    is no such channel, exit 1; a channel that exists and has nothing says so, exit 0."""
+    for cmd in ("list", "retrying"):
+        r = pgwork("dlq", cmd, "--channel", "nosuch", dsn=dsn)
+        assert r.returncode == 1, (cmd, r.stdout, r.stderr)
+        assert "no channel named 'nosuch'" in r.stderr, r.stderr
+        r = pgwork("dlq", cmd, "--channel", "test", dsn=dsn)
+        assert r.returncode == 0, (cmd, r.stdout, r.stderr)
+
+
+def test_the_top_level_help_names_every_channel_command() -> None:
+    """`pgwork --help` said the channel command lists, pauses or resumes: `retire` was found
+    only by asking `pgwork channel --help`."""
+    r = pgwork("--help", env={"COLUMNS": "200"})  # one line per command
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("channel "))
+    for word in ("list", "pause", "resume", "retire"):
+        assert word in line, line

@@ -31,6 +31,15 @@ def cmd_dlq(args: argparse.Namespace, cfg: Config) -> int:
         database.close()
 
 
+async def _channel_named(
+    conn: psycopg.AsyncConnection[Any], channel: str | None, *, found: bool
+) -> None:
+    """A listing filtered by a channel that found nothing: a channel that does not exist is an
+    error (a misspelt name must not read as "nothing wrong there"), as `channel pause` has it."""
+    if channel is not None and not found and not await store.channel_exists(conn, channel):
+        raise CliError(f"no channel named {channel!r} (`pgwork channel list` shows them)", 1)
+
+
 def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
     if args.dlq_cmd == "list":
         older = timedelta(seconds=args.older_than) if args.older_than is not None else None
@@ -43,6 +52,7 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
                 older_than=older,
                 limit=args.limit,
             )
+            await _channel_named(conn, args.channel, found=bool(got))
             return [asdict(r) for r in got]
 
         rows = with_conn(dsn, lst, pooled)
@@ -70,7 +80,9 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
     if args.dlq_cmd == "retrying":
 
         async def waiting(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            return await store.retrying(conn, channel=args.channel, limit=args.limit)
+            got = await store.retrying(conn, channel=args.channel, limit=args.limit)
+            await _channel_named(conn, args.channel, found=bool(got))
+            return got
 
         got = with_conn(dsn, waiting, pooled)
         if args.json:

@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ch = sub.add_parser(
         "channel",
-        help="list channels with their state; pause or resume one",
+        help="list channels with their state; pause, resume or retire one",
         description="Channel state held in the database and honoured by every daemon: a "
         "paused channel's work waits (nothing dropped, no attempt counted) until resumed; "
         "the state survives restarts.",
