@@ -226,6 +226,7 @@ REFUSED = [
     ("FREQ=DAILY;UNTIL=tomorrow", "2027-01-01 09:00", "recur", "neither a date"),
     ("FREQ=DAILY;BYDAY=XX", "2027-01-01 09:00", "recur", 'BYDAY has "XX"'),
     ("", "2027-01-01 09:00", "recur", "recur is empty"),
+    ("garbage", "2027-01-01 09:00", "recur", 'recur part "garbage" is not NAME=VALUE'),
     ("FREQ=MONTHLY;BYMONTHDAY=1", "2027-01-02 09:00", "due_local", "is not an occurrence"),
     ("FREQ=MONTHLY;BYMONTHDAY=1", None, "due_local", "needs due_local and due_tz"),
 ]
@@ -243,6 +244,8 @@ async def test_a_rule_that_cannot_be_right_is_refused_naming_the_column(
         await preview(conn, recur, due_local, "Europe/Berlin" if due_local else None)
     assert info.value.diag.column_name == column
     assert message in (info.value.diag.message_primary or "")
+    # Every refusal says what to write instead ("garbage" once came with an empty hint).
+    assert (info.value.diag.message_hint or "").strip(), recur
 
 
 async def test_a_refusal_names_the_first_occurrence_when_the_start_is_off(

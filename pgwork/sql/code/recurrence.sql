@@ -12,15 +12,21 @@
 -- these small queries (0.8 s a call on PostgreSQL 15 built with LLVM; pgwork's own sessions
 -- have jit off already).
 
+-- Every refusal says what to write instead: its own hint, or what a rule is made of.
 CREATE OR REPLACE FUNCTION pgwork.recur_error(message text, hint text DEFAULT NULL, col text DEFAULT 'recur')
 RETURNS void LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
     RAISE EXCEPTION 'pgwork: %', message
-        USING ERRCODE = 'check_violation', COLUMN = col, HINT = coalesce(hint, '');
+        USING ERRCODE = 'check_violation', COLUMN = col,
+              HINT = coalesce(hint, 'A rule is NAME=VALUE parts joined by ";": FREQ=DAILY, WEEKLY, MONTHLY '
+                                    'or YEARLY, then any of INTERVAL (1-1000), BYMONTH, BYMONTHDAY (±1-31), '
+                                    'BYDAY (MO..SU, ordinals like -1FR for MONTHLY and YEARLY), BYSETPOS, '
+                                    'BYHOUR, BYMINUTE, WKST, and COUNT (1-1000) or UNTIL (YYYYMMDD, '
+                                    'YYYYMMDDTHHMMSS, or with Z in UTC); e.g. FREQ=MONTHLY;BYMONTHDAY=1.');
 END
 $$;
 COMMENT ON FUNCTION pgwork.recur_error(text, text, text) IS
-    'Refuses a recurrence rule with a message naming the column (recur unless said otherwise).';
+    'Refuses a recurrence rule with a message naming the column (recur unless said otherwise) and a hint.';
 
 CREATE OR REPLACE FUNCTION pgwork.recur_ints(part text, value text, lo integer, hi integer, signed boolean)
 RETURNS integer[] LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
