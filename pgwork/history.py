@@ -92,6 +92,12 @@ async def reminder_history(
             ledger[a.pop("work_id")].append(a)
     now = await store.db_now(conn)
     occurrences = [{**w, "state": state(w, now), "attempts_ledger": ledger[w["id"]]} for w in work]
+    # A next send whose work row is shown below is in that row's state (a ready row not due yet,
+    # a retry waiting), so the two never disagree; one not made yet is in the view's status.
+    made = {(w["deadline"], w["occurrence"]): w["state"] for w in occurrences}
+    upcoming = [
+        {**u, "state": made.get((u["deadline"], u["remind_before"]), u["status"])} for u in upcoming
+    ]
     retired = await store.history_retired(conn, reminder_id=rid, limit=limit) if rid else []
     return History(
         source, business_key, reminder, upcoming, occurrences, retired, now, upcoming_error

@@ -580,7 +580,9 @@ class WebApp:
                         ("paused", "yes" if r["paused"] else "no"),
                     ]
                 )
-                + "</table><h2>Next deadline (a one-off's only one)</h2>"
+                + "</table><h2>"
+                + ("Next deadline of the series" if r["recur"] else "Its deadline")
+                + "</h2>"
                 + (
                     f"<p><b>Its next sends cannot be worked out</b> ({_e(h.upcoming_error)}): "
                     "the materialiser sets it aside and names it in its log; fix or delete the "
@@ -595,13 +597,15 @@ class WebApp:
                             _e(u["send_at"]),
                             _e(u["deadline"]),
                             _e(u["remind_before"]),
-                            _e(u["status"]),
+                            _e(u["state"]),
                         ]
                         for u in h.upcoming
                     ],
                 )
             )
-        parts = [head, "<h2>Work rows, the latest send first</h2>"]
+        parts = [head]
+        if h.occurrences:
+            parts.append("<h2>Work rows, the latest send first</h2>")
         for w in h.occurrences:
             extra = [
                 f"dead: {_e(w['dead_reason'])}" if w["dead_reason"] else "",

@@ -150,7 +150,7 @@ async def test_status_and_dlq_commands(dsn: str, conn: psycopg.AsyncConnection[A
 
     listed = json.loads(pgwork("dlq", "list", "--json", dsn=dsn).stdout)
     assert [x["business_key"] for x in listed] == ["dead-one"]
-    assert json.loads(pgwork("dlq", "list", "--json", "--channel", "other", dsn=dsn).stdout) == []
+    assert json.loads(pgwork("dlq", "list", "--json", "--channel", "test", dsn=dsn).stdout) == []
     wid = listed[0]["id"]
     shown = json.loads(pgwork("dlq", "show", str(wid), "--json", dsn=dsn).stdout)
     assert shown["work"]["dead_reason"] == "permanent failure: HTTP 400"
@@ -848,3 +848,28 @@ def test_the_top_level_help_names_every_channel_command() -> None:
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("channel "))
     for word in ("list", "pause", "resume", "retire"):
         assert word in line, line
+
+
+async def test_a_reminder_s_next_sends_say_what_its_work_lines_say(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`pgwork reminder` headed a series' next sends "next deadline (a one-off's only one)",
+    and its table said `ready` for a send its own work line called `ready, not yet due`. A
+    one-off's heading names its deadline, a series' its next one, and each next send is in the
+    state its work row is in (`state`, beside the view's `status`, in --json)."""
+    await add(conn, "once", "now() + interval '1 hour'", channel="log")
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, "
+        "recipient) VALUES ('test', 'rent', (now() AT TIME ZONE 'UTC')::date + 1 + time '09:00', "
+        "'UTC', 'FREQ=DAILY', 'log', 'r')"
+    )
+    await materialise(dsn, lookahead=3 * 86400.0)
+    once = pgwork("reminder", "test", "once", dsn=dsn).stdout
+    assert "its deadline, each send:" in once and "only one" not in once, once
+    js = json.loads(pgwork("reminder", "test", "once", "--json", dsn=dsn).stdout)
+    ((sent,), (work,)) = js["upcoming"], js["occurrences"]
+    assert sent["status"] == "ready" and sent["state"] == work["state"] == "ready, not yet due"
+    table_line = next(x for x in once.splitlines() if "ready" in x and "work " not in x)
+    assert "ready, not yet due" in table_line, once
+    rent = pgwork("reminder", "test", "rent", dsn=dsn).stdout
+    assert "next deadline of the series, each send:" in rent and "only one" not in rent, rent

@@ -519,3 +519,24 @@ async def test_the_reminder_page_writes_intervals_as_postgresql_does(
             doc = await r.json()
     assert status == 200 and "7 days, 00:00:00" in html and "0:00:00," not in html
     assert doc["reminder"]["remind_before"] == ["7 days", "00:00:00"]
+
+
+async def test_the_reminder_page_names_its_deadline_and_heads_only_what_it_shows(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A series' page said "Next deadline (a one-off's only one)", and a page with no work
+    row left (retention took them) still had a "Work rows" heading over nothing."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, "
+        "recipient) VALUES ('s', 'rent', (now() AT TIME ZONE 'UTC')::date + 1 + time '09:00', "
+        "'UTC', 'FREQ=DAILY', 'log', 'r')"
+    )
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "VALUES ('s', 'once', now() + interval '1 day', 'log', 'r')"
+    )
+    async with _serving(dsn) as url, _client() as s:
+        _, rent = await _get(s, f"{url}/reminder?source=s&key=rent")
+        _, once = await _get(s, f"{url}/reminder?source=s&key=once")
+    assert "Next deadline of the series" in rent and "only one" not in rent, rent
+    assert "Its deadline" in once and "Work rows" not in once, once

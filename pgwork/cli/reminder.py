@@ -59,8 +59,8 @@ def render(h: History) -> str:
         if h.upcoming:
             out += [
                 "",
-                "next deadline (a one-off's only one), each send:",
-                table(h.upcoming, ["send_at", "deadline", "remind_before", "status"]),
+                ("next deadline of the series" if r["recur"] else "its deadline") + ", each send:",
+                table(h.upcoming, ["send_at", "deadline", "remind_before", "state"]),
             ]
     for w in h.occurrences:
         out += [
