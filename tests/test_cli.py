@@ -192,6 +192,33 @@ async def test_psql_gets_its_arguments_in_the_order_given(tmp_path: Path, dsn: s
     assert "nonsense" in r.stderr
 
 
+async def test_psql_connects_as_the_user_and_to_the_database_asked_for(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`pgwork psql -U billing` ran as the configured user (on the embedded server a superuser:
+    an operator checking what an app may do saw everything), and `-d postgres` took the
+    configured connection string for a user name, dropping its host. Both now go into the
+    connection string, in each of psql's spellings; the rest of the configuration stays."""
+    await conn.execute("DROP ROLE IF EXISTS psql_probe")
+    await conn.execute("CREATE ROLE psql_probe LOGIN")
+    try:
+        query = "SELECT current_user || ' ' || current_database()"
+        db = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+        for args in (["-U", "psql_probe"], ["-Upsql_probe"], ["--username=psql_probe"]):
+            r = pgwork("psql", *args, "-XAtc", query, dsn=dsn)
+            assert (r.returncode, r.stdout.strip()) == (0, f"psql_probe {db}"), (args, r.stderr)
+        for args in (
+            ["-d", "postgres"],
+            ["--dbname", "postgres"],
+            ["-U", "psql_probe", "-d", "postgres"],
+        ):
+            r = pgwork("psql", *args, "-XAtc", query, dsn=dsn)
+            who = "psql_probe" if "-U" in args else "postgres"
+            assert (r.returncode, r.stdout.strip()) == (0, f"{who} postgres"), (args, r.stderr)
+    finally:
+        await conn.execute("DROP ROLE psql_probe")
+
+
 def test_a_reader_that_goes_away_early_gets_no_traceback(dsn: str) -> None:
     """`pgwork status | head -1`: the reader closes the pipe before status has printed all.
     That printed a BrokenPipeError traceback (3 runs of 6); it is a quiet end, as for any
@@ -873,3 +900,27 @@ async def test_a_reminder_s_next_sends_say_what_its_work_lines_say(
     assert "ready, not yet due" in table_line, once
     rent = pgwork("reminder", "test", "rent", dsn=dsn).stdout
     assert "next deadline of the series, each send:" in rent and "only one" not in rent, rent
+
+
+def test_psql_connection_options_are_found_in_every_spelling_and_the_rest_kept_in_order() -> None:
+    from pgwork.cli.run import connection_options
+
+    asked, rest = connection_options(
+        [
+            "-XAtU",
+            "billing",
+            "-c",
+            "SELECT 1",
+            "-hdb.example",
+            "--port=6432",
+            "-v",
+            "A=1",
+            "-fq.sql",
+        ]
+    )
+    assert asked == {"user": "billing", "host": "db.example", "port": "6432"}
+    assert rest == ["-XAt", "-c", "SELECT 1", "-v", "A=1", "-f", "q.sql"]
+    assert connection_options(["-cSELECT 1", "-d", "app2"]) == (
+        {"dbname": "app2"},
+        ["-c", "SELECT 1"],
+    )

@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     ps = sub.add_parser(
         "psql",
         help="open psql on pgwork's database",
-        description="Open psql on the configured (or embedded) database.",
+        description="Open psql on the configured (or embedded) database. psql's -U, -d, -h "
+        "and -p change that connection's user, database, host or port (the configured password "
+        "goes only with the configured user).",
     )
     ps.add_argument("psql_args", nargs="*", help="arguments for psql (e.g. -c 'SELECT 1')")
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -134,6 +135,52 @@ def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
+#: psql's connection options, by short and long name: the connection string pgwork passes
+#: would win over them (or, for -d, be taken for a user name), so they go into it instead.
+_CONNECTION = {"U": "user", "d": "dbname", "h": "host", "p": "port"}
+_LONG = {"--username": "user", "--dbname": "dbname", "--host": "host", "--port": "port"}
+#: psql's other short options that take a value (the rest of their cluster, or the next word).
+_VALUED = set("cfvLoFPRT")
+
+
+def connection_options(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """psql's arguments split into the connection options among them (-U, -d, -h, -p in any of
+    psql's spellings: ``-U x``, ``-Ux``, ``-AtU x``, ``--username=x``, ``--username x``) and the
+    rest, in their order."""
+    asked: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        name, eq, value = tok.partition("=")
+        if name in _LONG:
+            if not eq and i < len(argv):
+                value, i = argv[i], i + 1
+            asked[_LONG[name]] = value
+            continue
+        if not tok.startswith("-") or tok.startswith("--") or tok == "-":
+            rest.append(tok)
+            continue
+        kept = "-"
+        for j, ch in enumerate(tok[1:], start=1):
+            if ch in _CONNECTION or ch in _VALUED:
+                value = tok[j + 1 :]
+                if not value and i < len(argv):
+                    value, i = argv[i], i + 1
+                if ch in _CONNECTION:
+                    asked[_CONNECTION[ch]] = value
+                else:
+                    rest.append(kept + ch)
+                    rest.append(value)
+                    kept = "-"
+                break
+            kept += ch
+        if kept != "-":
+            rest.append(kept)
+    return asked, rest
+
+
 def cmd_psql(args: argparse.Namespace, cfg: Config) -> int:
     database = Database(cfg)
     try:
@@ -149,9 +196,12 @@ def cmd_psql(args: argparse.Namespace, cfg: Config) -> int:
         # The password goes to psql through its environment, never its command line (which
         # any user can read in the process list).
         params = conninfo_to_dict(database.dsn)
-        password = params.pop("password", None)
+        asked, rest = connection_options(args.psql_args)
+        password = params.pop("password", None) if "user" not in asked else None
+        params.pop("password", None)
+        params.update(asked)
         env = {**os.environ, **({"PGPASSWORD": str(password)} if password else {})}
         dsn = make_conninfo("", **{k: v for k, v in params.items() if v is not None})
-        return subprocess.call([psql, dsn, *args.psql_args], env=env)
+        return subprocess.call([psql, dsn, *rest], env=env)
     finally:
         database.close()
