@@ -30,8 +30,8 @@
 --    daemon sets aside a reminder a page failed on, for a while, so that the others go on.
 --    One hop for work due now: up to room occurrences due now of each of the daemon's channels
 --    in take (those with idle workers: [{"channel", "room", "expire_after_s"}, ...]) are
---    inserted already claimed, under a lease for daemon_id, as the claim would (lease and
---    attempts 1). Only for a channel whose gate is open and that has nothing to count (no rate
+--    inserted already claimed, under a lease for daemon_id, as the claim would (a work_lease
+--    row with lease and attempts 1; the record keeps 0, the last settled). Only for a channel whose gate is open and that has nothing to count (no rate
 --    limit, global concurrency or throttle limit: their claims go through claim_work) and for
 --    an occurrence not past its expire_after; the others are inserted ready.
 --    A series makes at most its share of the page (pgwork.materialise_series): unfinished
