@@ -527,11 +527,12 @@ async def _build_concurrently(
     order: each that is missing is built, one an interrupted build left invalid is dropped and
     built again, one a later version dropped is dropped if it is there. Outside any
     transaction; each waits for the transactions already running, never stops a write."""
+    # (name, statement) of each build; (None, statement) of each drop.
     todo = [
-        (m.group(1) if (m := _INDEX_NAME.search(statement)) is not None else None, statement)
+        (m.group(1) if (m := _INDEX_NAME.search(statement)) else None, statement)
         for n in range(2, version + 1)
         for statement in _step(n, extra).concurrently
-        if _INDEX_NAME.search(statement) is not None or _INDEX_DROP.search(statement) is not None
+        if _INDEX_NAME.search(statement) or _INDEX_DROP.search(statement)
     ]
     if not todo:
         return

@@ -197,8 +197,9 @@ def cmd_psql(args: argparse.Namespace, cfg: Config) -> int:
         # any user can read in the process list).
         params = conninfo_to_dict(database.dsn)
         asked, rest = connection_options(args.psql_args)
-        password = params.pop("password", None) if "user" not in asked else None
-        params.pop("password", None)
+        password = params.pop("password", None)
+        if "user" in asked:  # the configured password is the configured user's
+            password = None
         params.update(asked)
         env = {**os.environ, **({"PGPASSWORD": str(password)} if password else {})}
         dsn = make_conninfo("", **{k: v for k, v in params.items() if v is not None})

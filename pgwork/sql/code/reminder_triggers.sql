@@ -196,11 +196,34 @@ CREATE OR REPLACE TRIGGER reminder_before_update
                      recur, recur_until, recur_skip, paused
     ON pgwork.reminder FOR EACH ROW EXECUTE FUNCTION pgwork.reminder_before_write();
 
--- Unclaimed work for a schedule that no longer holds is closed at once: its ready row (which
--- the claim takes with SKIP LOCKED: an app's open transaction holding it delays no claim) goes,
--- then its record is closed. The ready rows are named as an id array (read by primary key
--- whatever the statistics: joined, a plan made while work_ready was empty scanned all of it). Work already claimed (a lease row, no ready row) is left alone and
--- re-checked by the claim itself, which re-reads the reminder in the same statement.
+-- Unclaimed work for a schedule that no longer holds is closed at once (pgwork.close_unsent):
+-- its ready row (which the claim takes with SKIP LOCKED: an app's open transaction holding it
+-- delays no claim) goes, then its record is closed. Work already claimed (a lease row, no ready
+-- row) is left alone and re-checked by the claim itself, which re-reads the reminder in the same
+-- statement.
+CREATE OR REPLACE FUNCTION pgwork.close_unsent(work_ids bigint[], status text)
+RETURNS SETOF timestamptz
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- Of the work rows named, those still waiting in work_ready (read by primary key: an id
+    -- array) leave it and are closed with this status; returns their due times.
+    RETURN QUERY
+    WITH unready AS (
+        DELETE FROM pgwork.work_ready q
+         WHERE q.work_id = ANY (close_unsent.work_ids)
+        RETURNING q.work_id
+    )
+    UPDATE pgwork.renewal_work w
+       SET status = close_unsent.status, finished_at = now()
+      FROM unready u
+     WHERE w.id = u.work_id
+    RETURNING w.due_at;
+END
+$$;
+COMMENT ON FUNCTION pgwork.close_unsent(bigint[], text) IS
+    'Close the work rows named that no worker holds (their work_ready rows go), returning their due times (the reminder triggers'' only).';
+REVOKE EXECUTE ON FUNCTION pgwork.close_unsent(bigint[], text) FROM PUBLIC;
+
 -- Both triggers read the reminder's own rows through work_occurrence_unique, whatever the
 -- statistics say: the status is tested with IS NOT DISTINCT FROM (status is NOT NULL, so the same
 -- test as =), which the planner cannot match to a partial index's predicate. With '=', statistics
@@ -216,18 +239,12 @@ BEGIN
     -- pages, claims and outcome flushes of every source would otherwise wait on until the app's
     -- transaction ends.
     IF NEW.recur_rule IS NULL THEN
-        WITH unready AS (
-            DELETE FROM pgwork.work_ready q
-             WHERE q.work_id = ANY ((SELECT array_agg(w.id) FROM pgwork.renewal_work w
-                                      WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
-                                        AND (w.deadline <> NEW.due_at OR NOT w.occurrence = ANY (NEW.remind_before)
-                                             OR w.deadline_local IS NOT NULL OR w.channel <> NEW.channel))::bigint[])
-            RETURNING q.work_id
-        )
-        UPDATE pgwork.renewal_work w
-           SET status = 'superseded', finished_at = now()
-          FROM unready u
-         WHERE w.id = u.work_id;
+        PERFORM pgwork.close_unsent(
+            ARRAY(SELECT w.id FROM pgwork.renewal_work w
+                   WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+                     AND (w.deadline <> NEW.due_at OR NOT w.occurrence = ANY (NEW.remind_before)
+                          OR w.deadline_local IS NOT NULL OR w.channel <> NEW.channel)),
+            'superseded');
     ELSE
         -- A new zone moves the instants of the series' local deadlines. Its occurrences made and
         -- never tried (ready, or closed unsent) that move are removed: the next page makes each
@@ -256,25 +273,17 @@ BEGIN
         -- Unsent occurrences the series no longer has, those it moves that were tried (waiting
         -- for a retry: they keep their instant, as that send), and those of another channel are
         -- superseded.
-        WITH unready AS (
-            DELETE FROM pgwork.work_ready q
-             WHERE q.work_id = ANY ((SELECT array_agg(w.id) FROM pgwork.renewal_work w
-                                      WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
-                                        AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
-                                             OR w.channel <> NEW.channel
-                                             OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused,
-                                                                       NEW.recur_skip, NEW.recur_until, NEW.remind_before,
-                                                                       NEW.recur_version, w.deadline_local, w.occurrence,
-                                                                       NULL) IS NOT NULL))::bigint[])
-            RETURNING q.work_id
-        ), closed AS (
-            UPDATE pgwork.renewal_work w
-               SET status = 'superseded', finished_at = now()
-              FROM unready u
-             WHERE w.id = u.work_id
-            RETURNING w.due_at
-        )
-        SELECT min(c.due_at) INTO rewind FROM closed c;
+        SELECT min(c.due_at) INTO rewind
+          FROM pgwork.close_unsent(
+                   ARRAY(SELECT w.id FROM pgwork.renewal_work w
+                          WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+                            AND (w.deadline IS DISTINCT FROM pgwork.local_to_instant(w.deadline_local, NEW.due_tz)
+                                 OR w.channel <> NEW.channel
+                                 OR pgwork.series_unwanted(NEW.id, NEW.recur_rule, NEW.due_local, NEW.paused,
+                                                           NEW.recur_skip, NEW.recur_until, NEW.remind_before,
+                                                           NEW.recur_version, w.deadline_local, w.occurrence,
+                                                           NULL) IS NOT NULL)),
+                   'superseded') AS c(due_at);
         -- Only the channel changed (the series was not restarted: the same version): what was
         -- closed is wanted still, on the new channel; the page makes it again from there (a send
         -- waiting for a retry goes on; one never tried is judged by the new channel's catch_up).
@@ -298,16 +307,10 @@ CREATE OR REPLACE TRIGGER reminder_after_reschedule
 CREATE OR REPLACE FUNCTION pgwork.reminder_after_delete() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgwork AS $$
 BEGIN
-    WITH unready AS (
-        DELETE FROM pgwork.work_ready q
-         WHERE q.work_id = ANY ((SELECT array_agg(w.id) FROM pgwork.renewal_work w
-                                  WHERE w.reminder_id = OLD.id AND w.status IS NOT DISTINCT FROM 'ready')::bigint[])
-        RETURNING q.work_id
-    )
-    UPDATE pgwork.renewal_work w
-       SET status = 'cancelled', finished_at = now()
-      FROM unready u
-     WHERE w.id = u.work_id;
+    PERFORM pgwork.close_unsent(
+        ARRAY(SELECT w.id FROM pgwork.renewal_work w
+               WHERE w.reminder_id = OLD.id AND w.status IS NOT DISTINCT FROM 'ready'),
+        'cancelled');
     DELETE FROM pgwork.retired WHERE reminder_id = OLD.id;
     RETURN NULL;
 END
