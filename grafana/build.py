@@ -54,6 +54,13 @@ PANELS: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Lag by source",
+        "Which app is late: one source's backlog, or everyone's?",
+        "s",
+        "timeseries",
+        [("{{source}}", f"max by (source) (pgwork_source_lag_seconds{{{INST}}})")],
+    ),
+    (
         "Attempts by outcome",
         "What are the receivers answering, per channel?",
         "ops",

@@ -246,6 +246,12 @@ class Metrics:
             "pgwork_lag_seconds",
             "Now minus the due time of the oldest overdue occurrence, materialised or not (0 when none).",
         )
+        self.source_lag = gauge(
+            "pgwork_source_lag_seconds",
+            "pgwork_lag_seconds per source (app): its oldest overdue occurrence, materialised or "
+            "not (0 when none); a source with nothing left to send has no series.",
+            "source",
+        )
         self.oldest_ready = gauge(
             "pgwork_oldest_ready_seconds",
             "Age of the oldest claimable row since it became available.",

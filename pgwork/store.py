@@ -1008,6 +1008,20 @@ class TableHealth:
     live_tuples: int
 
 
+@dataclass(frozen=True)
+class SourceLag:
+    source: str
+    lag_seconds: float
+    #: Its oldest due occurrence has no work row yet (no daemon, the materialiser behind, or the
+    #: reminder set aside).
+    unmaterialised: bool
+
+
+async def lag_by_source(conn: Conn) -> list[SourceLag]:
+    """``lag`` per source, latest first."""
+    return await _rows(conn, "lag_by_source", SourceLag)
+
+
 async def oldest_overdue_channel(conn: Conn) -> str | None:
     """The channel of the oldest overdue live row, if any."""
     got = await _dicts(conn, "oldest_overdue_channel", {})

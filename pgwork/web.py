@@ -92,6 +92,24 @@ def _json_value(value: Any) -> str:
     return interval_text(value) if isinstance(value, timedelta) else str(value)
 
 
+def _late_sources(sources: list[store.SourceLag]) -> str:
+    """The late sources, latest first: one app's backlog shown as its own."""
+    late = [s for s in sources if s.lag_seconds > 0]
+    if not late:
+        return ""
+    return "<h2>Late sources</h2>" + _table(
+        ["source", "lag s", "oldest due occurrence"],
+        [
+            [
+                _e(s.source),
+                _e(round(s.lag_seconds, 1)),
+                "not materialised yet" if s.unmaterialised else "a work row",
+            ]
+            for s in late
+        ],
+    )
+
+
 def _table(headings: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     """Cells are HTML already (escaped by the caller)."""
     head = "".join(f"<th>{_e(h)}</th>" for h in headings)
@@ -354,7 +372,8 @@ class WebApp:
             f"<p>lag <b>{lag.lag_seconds:.1f} s</b> · oldest ready {lag.oldest_ready_seconds:.1f} s"
             f" · not yet materialised {lag.unmaterialised_seconds:.1f} s"
             f" · materialiser cutoff {_e(mat.last_cutoff)}</p>"
-            "<h2>Channels</h2>"
+            + _late_sources(reading.sources)
+            + "<h2>Channels</h2>"
             + _table(
                 ["channel", "kind", "state", "ready", "claimed", "dead", "next retry", ""], rows
             )

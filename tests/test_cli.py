@@ -924,3 +924,40 @@ def test_psql_connection_options_are_found_in_every_spelling_and_the_rest_kept_i
         {"dbname": "app2"},
         ["-c", "SELECT 1"],
     )
+
+
+async def test_lag_is_told_per_source_and_max_lag_can_judge_one_source(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """One app's late series paged everyone: `status --max-lag` had one number for all sources.
+    Each source's lag is now shown (its oldest due work row or due reminder with none yet), the
+    failing check names the late sources, and `--source` judges one app's reminders only."""
+    await add(conn, "sent-late", "now() - interval '1 minute'", source="crm", channel="log")
+    await add(conn, "later", "now() + interval '1 day'", source="quiet", channel="log")
+    await materialise(dsn)
+    # Written after the pass: due two hours ago, no work row yet (no daemon running).
+    await add(conn, "behind", "now() - interval '2 hours'", source="billing", channel="log")
+
+    st = pgwork("status", "--json", dsn=dsn)
+    assert st.returncode == 0, st.stderr
+    by_source = {r["source"]: r for r in json.loads(st.stdout)["lag_by_source"]}
+    assert set(by_source) == {"billing", "crm", "quiet"}
+    assert by_source["billing"]["lag_seconds"] >= 7200
+    assert by_source["billing"]["unmaterialised"] is True
+    assert 60 <= by_source["crm"]["lag_seconds"] < 7200
+    assert by_source["crm"]["unmaterialised"] is False
+    assert by_source["quiet"]["lag_seconds"] == 0
+
+    text = pgwork("status", dsn=dsn).stdout
+    assert "late sources:" in text and "billing" in text and "quiet" not in text
+
+    r = pgwork("status", "--max-lag", "5m", dsn=dsn)
+    assert r.returncode == 1
+    assert "source billing" in r.stderr and "crm" not in r.stderr, r.stderr
+    assert pgwork("status", "--max-lag", "5m", "--source", "crm", dsn=dsn).returncode == 0
+    assert pgwork("status", "--max-lag", "10s", "--source", "crm", dsn=dsn).returncode == 1
+    r = pgwork("status", "--max-lag", "5m", "--source", "crm", "--source", "billing", dsn=dsn)
+    assert r.returncode == 1 and "source billing" in r.stderr
+    # A source with nothing due is on time, whether or not it has reminders.
+    assert pgwork("status", "--max-lag", "1s", "--source", "quiet", dsn=dsn).returncode == 0
+    assert pgwork("status", "--max-lag", "1s", "--source", "nosuch", dsn=dsn).returncode == 0

@@ -137,6 +137,10 @@ async def test_every_page_shows_each_state_and_runs_no_injected_script(
             text
         )  # ready, claimed, dead
         assert re.search(r"test\s+python\s+PAUSED.*\s+1\s+1\s+0", text), text
+        # Every seeded row was due a minute ago: its source is late, with a work row.
+        assert re.search(
+            r"Late sources\s+source\s+lag s.*\s+leases\s+\d+\.\d\s+a work row", text
+        ), text
         await _no_script_ran(b)
         await b.screenshot(_shot(tmp_path, "overview"))
 

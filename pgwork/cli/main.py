@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="exit 1 when lag exceeds this (e.g. 5m): usable as a health check",
     )
+    st.add_argument(
+        "--source",
+        action="append",
+        metavar="SOURCE",
+        help="judge --max-lag by these sources' lag only (repeatable): one app's health check",
+    )
 
     wb = sub.add_parser(
         "web",

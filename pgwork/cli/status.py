@@ -22,6 +22,9 @@ from .common import (
     with_conn,
 )
 
+#: How many late sources the text output names.
+LATE_SOURCES_SHOWN = 5
+
 
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
@@ -43,6 +46,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         return {
             "work": [asdict(r) for r in await store.work_states(conn)],
             "lag": asdict(await store.lag(conn)),
+            "lag_by_source": [asdict(r) for r in await store.lag_by_source(conn)],
             "lag_channel": await store.oldest_overdue_channel(conn),
             "materialiser": asdict(await store.materialiser_state(conn)),
             "daemons": [asdict(r) for r in await store.daemons(conn)],
@@ -77,6 +81,15 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             f"due but not materialised: {st['lag']['unmaterialised_seconds']:.3f}s   "
             f"dead letters: {dead}"
         )
+        late = [r for r in st["lag_by_source"] if r["lag_seconds"] > 0]
+        if late:
+            names = ", ".join(
+                f"{r['source']} {r['lag_seconds']:.1f}s"
+                + (" (not materialised)" if r["unmaterialised"] else "")
+                for r in late[:LATE_SOURCES_SHOWN]
+            )
+            more = len(late) - LATE_SOURCES_SHOWN
+            print(f"late sources: {names}" + (f" and {more} more" if more > 0 else ""))
         m = st["materialiser"]
         age = m["cutoff_age_seconds"]
         where = (
@@ -137,13 +150,31 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             print("\n" + _lock_holders(holders))
     if holders:
         return 4
-    if args.max_lag is not None and lag > args.max_lag:
-        print(
-            f"pgwork: lag {lag:.1f}s exceeds --max-lag {args.max_lag:g}s" + _lag_cause(st),
-            file=sys.stderr,
-        )
-        return 1
+    if args.max_lag is not None:
+        over = [
+            r
+            for r in st["lag_by_source"]
+            if r["lag_seconds"] > args.max_lag and (not args.source or r["source"] in args.source)
+        ]
+        # Without --source the overall lag decides, as before; it is each source's lag at most.
+        if (lag > args.max_lag and not args.source) or over:
+            worst = max([r["lag_seconds"] for r in over] or [lag])
+            print(
+                f"pgwork: lag {worst:.1f}s exceeds --max-lag {args.max_lag:g}s"
+                + _late_sources(over)
+                + ("" if args.source else _lag_cause(st)),
+                file=sys.stderr,
+            )
+            return 1
     return 0
+
+
+def _late_sources(over: list[dict[str, Any]]) -> str:
+    """The sources over the limit, latest first."""
+    if not over:
+        return ""
+    names = ", ".join(f"source {r['source']} {r['lag_seconds']:.1f}s" for r in over[:5])
+    return f" ({names}" + (f" and {len(over) - 5} more" if len(over) > 5 else "") + ")"
 
 
 def _lock_holders(holders: list[dict[str, Any]]) -> str:

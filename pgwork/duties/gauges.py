@@ -21,6 +21,7 @@ from ..supervise import Next, Supervisor
 @dataclass(frozen=True)
 class Reading:
     lag: store.Lag
+    sources: list[store.SourceLag]
     states: list[store.WorkState]
     tables: list[store.TableHealth]
     xmin: store.XminHorizon
@@ -39,18 +40,22 @@ async def read(conn: AsyncConnection[Any]) -> Reading:
     catalog, never the terminal rows retention keeps."""
     t0 = time.monotonic()
     lag = await store.lag(conn)
+    sources = await store.lag_by_source(conn)
     states = await store.work_states(conn)
     tables = await store.table_health(conn)
     xmin = await store.xmin_horizon(conn)
     retention = await store.retention_state(conn)
     channels = await store.channel_states(conn)
-    return Reading(lag, states, tables, xmin, retention, channels, time.monotonic() - t0)
+    return Reading(lag, sources, states, tables, xmin, retention, channels, time.monotonic() - t0)
 
 
 def publish(m: Metrics, r: Reading) -> None:
     m.gauge_refresh.set(r.took)
     m.lag.set(r.lag.lag_seconds)
     m.oldest_ready.set(r.lag.oldest_ready_seconds)
+    m.source_lag.clear()
+    for src in r.sources:
+        m.source_lag.labels(src.source).set(src.lag_seconds)
     m.work_rows.clear()
     for s in r.states:
         m.work_rows.labels(s.channel, s.status).set(s.n)

@@ -801,6 +801,36 @@ SELECT greatest(w.lag, r.lag, 0)::float8 AS lag_seconds,
                     ORDER BY coalesce(next_fire_at, due_at), id
                     LIMIT 1)) AS lag) AS r
 
+-- name: lag_by_source
+-- lag, per source: how late each app's oldest due, undelivered occurrence is (0 when none), and
+-- whether it has no work row yet. Each source with something left to materialise is found by a
+-- loose scan of reminder_due_by_source (one probe per source, then its earliest occurrence); live
+-- rows are read once, bounded by the live rows like lag. Latest first.
+WITH RECURSIVE sources AS (
+    (SELECT r.source FROM pgwork.reminder r
+      WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+      ORDER BY r.source LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.source FROM pgwork.reminder r
+             WHERE r.source > s.source AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+             ORDER BY r.source LIMIT 1)
+      FROM sources s WHERE s.source IS NOT NULL
+), unmade AS (
+    SELECT s.source,
+           (SELECT coalesce(r.next_fire_at, r.due_at) FROM pgwork.reminder r
+             WHERE r.source = s.source AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+             ORDER BY coalesce(r.next_fire_at, r.due_at), r.id LIMIT 1) AS due_at
+      FROM sources s WHERE s.source IS NOT NULL
+), live AS (
+    SELECT w.source, min(w.due_at) AS due_at FROM pgwork.live_work(NULL) w
+     WHERE w.due_at <= now() GROUP BY w.source
+)
+SELECT coalesce(u.source, l.source) AS source,
+       greatest(extract(epoch FROM now() - least(l.due_at, u.due_at)), 0)::float8 AS lag_seconds,
+       coalesce(u.due_at <= now() AND u.due_at < coalesce(l.due_at, 'infinity'), false) AS unmaterialised
+  FROM unmade u FULL JOIN live l ON l.source = u.source
+ ORDER BY lag_seconds DESC, source
+
 -- name: oldest_overdue_channel
 -- The channel of the oldest overdue live row: what `status --max-lag` names when lag is too high
 -- (bounded by the live rows, like lag).
