@@ -483,6 +483,31 @@ COMMENT ON TABLE pgwork.materialiser_state IS
     'when the last complete pass finished.';
 INSERT INTO pgwork.materialiser_state DEFAULT VALUES;
 
+-- Reminders a materialiser's page failed on and left out for a while (a zone the server does not
+-- know, a row written around the triggers): what `pgwork status`, the web page and `pgwork
+-- reminder` show. A report, not a lock: each daemon decides in memory when it tries again, and
+-- forgets a row here once the reminder is made, deleted or moved past the occurrence it failed on.
+-- No foreign key: an app's DELETE of a reminder never waits on this table.
+CREATE TABLE pgwork.set_aside (
+    reminder_id  bigint PRIMARY KEY,
+    source       text NOT NULL,
+    business_key text NOT NULL,
+    fire_at      timestamptz NOT NULL,
+    daemon_id    text NOT NULL,
+    since        timestamptz NOT NULL DEFAULT now(),
+    tried_at     timestamptz NOT NULL DEFAULT now(),
+    next_try_at  timestamptz NOT NULL,
+    tries        integer NOT NULL DEFAULT 1,
+    error        text NOT NULL
+);
+COMMENT ON TABLE pgwork.set_aside IS
+    'Reminders a materialiser page failed on, left out of pages for a while: written by the daemon '
+    'that set one aside, deleted once the reminder is made, deleted or moved past fire_at.';
+COMMENT ON COLUMN pgwork.set_aside.fire_at IS 'The occurrence it failed on (coalesce(next_fire_at, due_at) then).';
+COMMENT ON COLUMN pgwork.set_aside.daemon_id IS 'The daemon that last tried it (pgwork.daemon.id).';
+COMMENT ON COLUMN pgwork.set_aside.next_try_at IS 'When that daemon tries it again (each failure doubles the wait, up to an hour).';
+COMMENT ON COLUMN pgwork.set_aside.error IS 'The first line of the error its page failed with.';
+
 CREATE TABLE pgwork.retention_state (
     singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last_pass_at  timestamptz,

@@ -4,7 +4,7 @@ attempts, and what retention kept of older ones (``pgwork reminder``, the web pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +34,21 @@ class History:
     #: Why its next occurrences cannot be worked out (a row the triggers never checked, a zone
     #: the server no longer knows: the materialiser sets such a reminder aside); None: they can.
     upcoming_error: str | None = None
+    #: A daemon's record of setting it aside (``pgwork.set_aside``), while it stays unmade.
+    set_aside: dict[str, Any] | None = None
+
+    def set_aside_text(self) -> str | None:
+        """Who set it aside, since when, and when it is tried again."""
+        a = self.set_aside
+        if a is None:
+            return None
+        since, again = (
+            a[k].isoformat(sep=" ", timespec="seconds") for k in ("since", "next_try_at")
+        )
+        return (
+            f"set aside by {a['daemon_id']} since {since} ({a['tries']} tries; tried again at "
+            f"{again}): {a['error']}"
+        )
 
     @property
     def known(self) -> bool:
@@ -46,6 +61,7 @@ class History:
             "reminder": self.reminder,
             "upcoming": self.upcoming,
             "upcoming_error": self.upcoming_error,
+            "set_aside": self.set_aside,
             "occurrences": self.occurrences,
             "retired": self.retired,
         }
@@ -99,6 +115,15 @@ async def reminder_history(
         {**u, "state": made.get((u["deadline"], u["remind_before"]), u["status"])} for u in upcoming
     ]
     retired = await store.history_retired(conn, reminder_id=rid, limit=limit) if rid else []
+    aside = await store.set_aside_list(conn, reminder_id=rid, limit=1) if rid else []
     return History(
-        source, business_key, reminder, upcoming, occurrences, retired, now, upcoming_error
+        source,
+        business_key,
+        reminder,
+        upcoming,
+        occurrences,
+        retired,
+        now,
+        upcoming_error,
+        asdict(aside[0]) if aside else None,
     )

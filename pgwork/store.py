@@ -337,6 +337,57 @@ class DueReminder:
     id: int
     source: str
     business_key: str
+    fire_at: datetime
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A reminder a materialiser's page failed on, left out of pages for a while."""
+
+    reminder_id: int
+    source: str
+    business_key: str
+    #: The occurrence it failed on.
+    fire_at: datetime
+    #: The daemon that last tried it.
+    daemon_id: str
+    since: datetime
+    tried_at: datetime
+    next_try_at: datetime
+    tries: int
+    error: str
+
+
+async def set_aside_record(
+    conn: Conn, reminder: DueReminder, *, daemon_id: str, wait: float, error: str
+) -> None:
+    await _exec(
+        conn,
+        "set_aside_record",
+        {
+            "reminder_id": reminder.id,
+            "source": reminder.source,
+            "business_key": reminder.business_key,
+            "fire_at": reminder.fire_at,
+            "daemon_id": daemon_id,
+            "wait": wait,
+            "error": error,
+        },
+    )
+
+
+async def set_aside_forget(conn: Conn) -> int:
+    """Forgets the reminders no longer stuck; returns how many are left."""
+    got = await _dicts(conn, "set_aside_forget", {})
+    return int(got[0]["left_aside"])
+
+
+async def set_aside_list(
+    conn: Conn, *, reminder_id: int | None = None, limit: int = 100
+) -> list[SetAside]:
+    return await _rows(
+        conn, "set_aside_list", SetAside, {"reminder_id": reminder_id, "limit": limit}
+    )
 
 
 async def next_due_reminder(

@@ -45,6 +45,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Rows per page.
 PAGE = 50
+#: The reminders set aside the overview lists (status lists up to 100).
+OVERVIEW_SET_ASIDE = 20
 CSRF_COOKIE = "pgwork_csrf"
 #: A CSRF token made for this request (the browser had none): the response sets it as a cookie.
 NEW_CSRF = web.RequestKey("pgwork_new_csrf", str)
@@ -332,10 +334,41 @@ class WebApp:
 
     # -- pages ------------------------------------------------------------------------------
 
+    @staticmethod
+    def _set_aside(aside: list[store.SetAside]) -> str:
+        """The reminders the materialiser cannot make, each linked to its page."""
+        if not aside:
+            return ""
+        return (
+            "<h2>Set aside</h2><p>The materialiser cannot make these reminders; fix or delete "
+            "each (its page says why).</p>"
+            + _table(
+                ["reminder", "due", "error", "since", "tries", "tried again at", "by"],
+                [
+                    [
+                        _link(
+                            "/reminder",
+                            f"{a.source} {a.business_key}",
+                            source=a.source,
+                            key=a.business_key,
+                        ),
+                        _e(a.fire_at),
+                        _e(a.error),
+                        _e(a.since),
+                        _e(a.tries),
+                        _e(a.next_try_at),
+                        _e(a.daemon_id),
+                    ]
+                    for a in aside
+                ],
+            )
+        )
+
     async def overview(self, request: web.Request) -> web.Response:
         async with self.pool.connection() as conn:
             # What the gauges read (each query bounded by live rows or dead letters), and more.
             reading = await gauges.read(conn)
+            aside = await store.set_aside_list(conn, limit=OVERVIEW_SET_ASIDE)
             daemons = await store.daemons(conn)
             mat = await store.materialiser_state(conn)
         lag, channels, retention = reading.lag, reading.channels, reading.retention
@@ -373,6 +406,7 @@ class WebApp:
             f" · not yet materialised {lag.unmaterialised_seconds:.1f} s"
             f" · materialiser cutoff {_e(mat.last_cutoff)}</p>"
             + _late_sources(reading.sources)
+            + self._set_aside(aside)
             + "<h2>Channels</h2>"
             + _table(
                 ["channel", "kind", "state", "ready", "claimed", "dead", "next retry", ""], rows
@@ -607,6 +641,11 @@ class WebApp:
                     "the materialiser sets it aside and names it in its log; fix or delete the "
                     "row.</p>"
                     if h.upcoming_error is not None
+                    else ""
+                )
+                + (
+                    f"<p><b>Set aside</b>: {_e(h.set_aside_text())}</p>"
+                    if h.set_aside is not None
                     else ""
                 )
                 + _table(

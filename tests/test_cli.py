@@ -961,3 +961,50 @@ async def test_lag_is_told_per_source_and_max_lag_can_judge_one_source(
     # A source with nothing due is on time, whether or not it has reminders.
     assert pgwork("status", "--max-lag", "1s", "--source", "quiet", dsn=dsn).returncode == 0
     assert pgwork("status", "--max-lag", "1s", "--source", "nosuch", dsn=dsn).returncode == 0
+
+
+async def test_status_and_the_overview_name_a_reminder_set_aside_until_it_is_made(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A reminder the materialiser set aside was seen only in a daemon's log and a gauge:
+    `status` showed a growing "due but not materialised". The daemon that sets one aside now
+    records it (who, since, tries, next try, the error); `status` and its JSON list it while it
+    stays unmade, and a pass that makes it (the row fixed) forgets it."""
+    from pgwork.duties import materialise as materialiser
+
+    await add(conn, "fine", "now() - interval '1 minute'", source="mars", channel="log")
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
+        "channel, recipient, next_fire_at) VALUES ('mars', 'base:1', now(), "
+        "now() AT TIME ZONE 'UTC', 'Mars/Olympus', 'log', 'r', now() - interval '1 minute')"
+    )
+    await conn.execute("RESET session_replication_role")
+    async with await db.connect(dsn) as c:
+        for _ in range(2):  # a pass of another daemon fails on it too: one record, two tries
+            res = await materialiser.run_once(
+                c, lookahead=0, page_size=8, aside=materialiser.SetAside(), origin="d-1"
+            )
+            assert res is not None and res.set_aside == 1
+    (row,) = await rows(conn, "SELECT * FROM pgwork.set_aside")
+    assert (row["source"], row["business_key"], row["daemon_id"]) == ("mars", "base:1", "d-1")
+    assert row["tries"] == 2 and row["next_try_at"] > row["tried_at"] >= row["since"]
+    assert 'time zone "Mars/Olympus"' in row["error"], row
+
+    doc = json.loads(pgwork("status", "--json", dsn=dsn).stdout)
+    assert [(r["source"], r["business_key"]) for r in doc["set_aside"]] == [("mars", "base:1")]
+    text = pgwork("status", dsn=dsn).stdout
+    assert "SET ASIDE" in text and "base:1" in text and "Mars/Olympus" in text, text
+    r = pgwork("reminder", "mars", "base:1", dsn=dsn)
+    assert "set aside by d-1" in r.stdout, r.stdout
+
+    # Fixed by its app: the next pass makes it and forgets it.
+    await conn.execute("UPDATE pgwork.reminder SET due_tz = 'UTC' WHERE business_key = 'base:1'")
+    async with await db.connect(dsn) as c:
+        res = await materialiser.run_once(
+            c, lookahead=0, page_size=8, aside=materialiser.SetAside(), origin="d-2"
+        )
+        assert res is not None and res.set_aside == 0
+    assert await rows(conn, "SELECT * FROM pgwork.set_aside") == []
+    assert json.loads(pgwork("status", "--json", dsn=dsn).stdout)["set_aside"] == []
+    assert "SET ASIDE" not in pgwork("status", dsn=dsn).stdout

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from pgwork import db, web
+from pgwork.duties import materialise as materialiser
 
 from .browser import CHROMIUM, Browser
 from .helpers import claim, config, materialise, rows, running, sync_queue
@@ -503,10 +504,23 @@ async def test_a_reminder_set_aside_for_an_unknown_zone_has_a_page_that_says_why
         status, html = await _get(s, f"{url}/reminder?source=mars&key=base:1")
         assert status == 200, html
         assert "cannot be worked out" in html and "Mars/Olympus" in html
+        assert "Set aside" not in html  # no daemon has tried it yet
+        # A daemon's pass fails on it and sets it aside: the overview lists it, its page says so.
+        async with await db.connect(dsn) as c:
+            res = await materialiser.run_once(
+                c, lookahead=0, page_size=10, aside=materialiser.SetAside(), origin="d-web"
+            )
+            assert res is not None and res.set_aside == 1
+        status, html = await _get(s, f"{url}/")
+        assert status == 200 and "Set aside" in html and "base:1" in html, html
+        assert "Mars/Olympus" in html
+        status, html = await _get(s, f"{url}/reminder?source=mars&key=base:1")
+        assert "set aside by d-web" in html, html
         async with s.get(f"{url}/reminder?source=mars&key=base:1&format=json") as r:
             assert r.status == 200
             doc = await r.json()
     assert 'time zone "Mars/Olympus"' in doc["upcoming_error"]
+    assert doc["set_aside"]["daemon_id"] == "d-web" and doc["set_aside"]["tries"] == 1
 
 
 async def test_the_reminder_page_writes_intervals_as_postgresql_does(

@@ -56,6 +56,8 @@ def render(h: History) -> str:
                 f"  its next sends cannot be worked out ({h.upcoming_error}): the materialiser "
                 "sets it aside and names it in its log; fix or delete the row"
             )
+        if h.set_aside is not None:
+            out.append(f"  {h.set_aside_text()}")
         if h.upcoming:
             out += [
                 "",

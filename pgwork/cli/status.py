@@ -47,6 +47,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             "work": [asdict(r) for r in await store.work_states(conn)],
             "lag": asdict(await store.lag(conn)),
             "lag_by_source": [asdict(r) for r in await store.lag_by_source(conn)],
+            "set_aside": [asdict(r) for r in await store.set_aside_list(conn)],
             "lag_channel": await store.oldest_overdue_channel(conn),
             "materialiser": asdict(await store.materialiser_state(conn)),
             "daemons": [asdict(r) for r in await store.daemons(conn)],
@@ -90,6 +91,8 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             )
             more = len(late) - LATE_SOURCES_SHOWN
             print(f"late sources: {names}" + (f" and {more} more" if more > 0 else ""))
+        if st["set_aside"]:
+            print(_set_aside(st["set_aside"]))
         m = st["materialiser"]
         age = m["cutoff_age_seconds"]
         where = (
@@ -167,6 +170,21 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             )
             return 1
     return 0
+
+
+def _set_aside(rows: list[dict[str, Any]]) -> str:
+    """The reminders set aside, one line each, with what to do."""
+    lines = [
+        f"SET ASIDE: the materialiser cannot make {len(rows)} reminder(s); fix or delete each "
+        "(`pgwork reminder SOURCE KEY` shows why):"
+    ]
+    for r in rows:
+        lines.append(
+            f"  {r['source']} {r['business_key']} (id {r['reminder_id']}), due {fmt(r['fire_at'])}: "
+            f"{r['error']} — since {fmt(r['since'])}, {r['tries']} tries, "
+            f"{r['daemon_id']} tries again at {fmt(r['next_try_at'])}"
+        )
+    return "\n".join(lines)
 
 
 def _late_sources(over: list[dict[str, Any]]) -> str:

@@ -75,6 +75,9 @@ class SetAside:
     def __init__(self) -> None:
         self._until: dict[int, float] = {}
         self._wait: dict[int, float] = {}
+        #: Whether pgwork.set_aside may hold rows a pass should forget (true at first: a daemon
+        #: gone before forgetting what it reported).
+        self.reported = True
 
     def ids(self, now: float) -> list[int]:
         """The reminders left out now (those whose time is up are tried again)."""
@@ -280,6 +283,8 @@ async def run_once(
                     "error_class": type(e).__name__,
                 },
             )
+            await _report_set_aside(conn, culprit, origin, wait, e)
+            aside.reported = True
             limit = page_size
             continue
         if asked:
@@ -327,6 +332,8 @@ async def run_once(
     await store.materialise_record_pass(
         conn, cutoff=complete_to, made=made, duration_ms=duration * 1000
     )
+    if aside is not None and aside.reported:
+        aside.reported = await store.set_aside_forget(conn) > 0
     if made:
         log.info(
             "materialised %d work rows",
@@ -354,6 +361,32 @@ async def run_once(
         unfinished,
         set_aside,
     )
+
+
+async def _report_set_aside(
+    conn: AsyncConnection[Any],
+    reminder: store.DueReminder,
+    daemon_id: str,
+    wait: float,
+    error: BaseException,
+) -> None:
+    """Records a reminder set aside for status, the web page and `pgwork reminder`. A report
+    only: failing to write it (a role without the grant) is logged, and the pass goes on."""
+    try:
+        await store.set_aside_record(
+            conn,
+            reminder,
+            daemon_id=daemon_id,
+            wait=wait,
+            error=(str(error).strip().splitlines() or [type(error).__name__])[0],
+        )
+    except psycopg.DatabaseError as e:
+        log.warning(
+            "could not record reminder %s as set aside in pgwork.set_aside: %s",
+            reminder.id,
+            e,
+            extra={"reminder_id": reminder.id, "error_class": type(e).__name__},
+        )
 
 
 async def _page_of_none(

@@ -204,8 +204,8 @@ SELECT p.cutoff, p.scanned, p.made, p.made_due, p.skipped, p.notified, p.earlies
 
 -- name: next_due_reminder
 -- The reminder a page from this cursor would take first (not one set aside): what a page that
--- failed with a limit of one failed on.
-SELECT r.id, r.source, r.business_key
+-- failed with a limit of one failed on, and its occurrence's time.
+SELECT r.id, r.source, r.business_key, coalesce(r.next_fire_at, r.due_at) AS fire_at
   FROM pgwork.reminder r
  WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
    AND coalesce(r.next_fire_at, r.due_at) <= coalesce(%(cutoff)s::timestamptz, now() + %(lookahead)s::interval)
@@ -214,6 +214,45 @@ SELECT r.id, r.source, r.business_key
    AND NOT r.id = ANY (%(aside)s::bigint[])
  ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
  LIMIT 1
+
+-- name: set_aside_record
+-- A reminder a page failed on, left out by this daemon until next_try_at: recorded for status,
+-- the web page and `pgwork reminder`. Another failure counts a try and keeps since.
+INSERT INTO pgwork.set_aside AS s
+       (reminder_id, source, business_key, fire_at, daemon_id, next_try_at, error)
+VALUES (%(reminder_id)s, %(source)s, %(business_key)s, %(fire_at)s, %(daemon_id)s,
+        now() + make_interval(secs => %(wait)s), %(error)s)
+ON CONFLICT (reminder_id) DO UPDATE
+   SET fire_at = excluded.fire_at, daemon_id = excluded.daemon_id, tried_at = now(),
+       next_try_at = excluded.next_try_at, tries = s.tries + 1, error = excluded.error
+
+-- name: set_aside_forget
+-- Forgets the reminders set aside that are no longer stuck: made (their next occurrence is past
+-- the one they failed on), moved past it, or deleted. Returns how many are left (small: the
+-- reminders set aside).
+WITH gone AS (
+    DELETE FROM pgwork.set_aside s
+     WHERE NOT EXISTS (SELECT FROM pgwork.reminder r
+                        WHERE r.id = s.reminder_id
+                          AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                          AND coalesce(r.next_fire_at, r.due_at) <= s.fire_at)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pgwork.set_aside) - (SELECT count(*) FROM gone) AS left_aside
+
+-- name: set_aside_list
+-- The reminders set aside and still not made, the earliest occurrence first (%(reminder_id)s:
+-- one reminder's, or NULL for all).
+SELECT s.reminder_id, s.source, s.business_key, s.fire_at, s.daemon_id, s.since, s.tried_at,
+       s.next_try_at, s.tries, s.error
+  FROM pgwork.set_aside s
+ WHERE (%(reminder_id)s::bigint IS NULL OR s.reminder_id = %(reminder_id)s::bigint)
+   AND EXISTS (SELECT FROM pgwork.reminder r
+                WHERE r.id = s.reminder_id
+                  AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                  AND coalesce(r.next_fire_at, r.due_at) <= s.fire_at)
+ ORDER BY s.fire_at, s.reminder_id
+ LIMIT %(limit)s
 
 -- name: commit_synchronously
 -- After materialise_page, in its transaction: commit after the WAL flush after all (the page
