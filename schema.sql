@@ -527,7 +527,8 @@ CREATE TABLE pgwork.daemon (
     listener_up  boolean DEFAULT false,
     heartbeat_every interval NOT NULL DEFAULT '20 seconds',
     metrics_at   text,
-    schema_version integer
+    schema_version integer,
+    channels     text[]
 );
 COMMENT ON TABLE pgwork.daemon IS
     'Running (or recently running) daemons, refreshed by their heartbeat. A row whose heartbeat is '
@@ -538,6 +539,9 @@ COMMENT ON COLUMN pgwork.daemon.listener_up IS
 COMMENT ON COLUMN pgwork.daemon.metrics_at IS
     'HOST:PORT its Prometheus metrics are served on (the port it got, when metrics.listen names '
     'port 0 or a range); NULL: metrics off.';
+COMMENT ON COLUMN pgwork.daemon.channels IS
+    'The channels it serves (its config''s): `pgwork channel retire` names the daemons serving one. '
+    'NULL: a daemon older than schema 24.';
 COMMENT ON COLUMN pgwork.daemon.schema_version IS
     'The schema version its code runs (NULL: a daemon older than the migration handshake, which '
     '`pgwork migrate` cannot ask to step aside).';

@@ -217,6 +217,7 @@ class Daemon:
             clock=self.clock,
             listener_up=lambda: listener.up if listen_dsn else None,
             metrics_at=self.metrics_at,
+            channels=sorted(self.cfg.channels),
             migration_asked=self.step_aside,
         )
         listener = Listener(

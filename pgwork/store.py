@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import partial
@@ -533,6 +533,8 @@ class ChannelUse:
     live: int
     #: Live rows on the channel whose reminder names another one now: moved there, not closed.
     moved: int = 0
+    #: The live daemons that registered it ("id (host, pid N)").
+    served_by: list[str] = field(default_factory=list)
 
 
 async def channel_retire(conn: Conn, *, channel: str, cancel: bool) -> ChannelUse | None:
@@ -562,6 +564,7 @@ async def daemon_register(
     heartbeat_every: timedelta,
     listener_up: bool | None,
     metrics_at: str | None = None,
+    channels: Sequence[str] = (),
 ) -> None:
     await _exec(
         conn,
@@ -575,6 +578,7 @@ async def daemon_register(
             "heartbeat_every": heartbeat_every,
             "listener_up": listener_up,
             "metrics_at": metrics_at,
+            "channels": list(channels),
         },
     )
 
@@ -823,7 +827,10 @@ class GateReading:
 
     #: Seconds until the next row is claimable (negative: now); None when none.
     wait_s: float | None
+    #: Paused, or retired (its row gone).
     paused: bool
+    #: The channel's row is gone (`pgwork channel retire`): this daemon stops claiming it.
+    retired: bool
     #: Seconds until a throttle's not_before passes (0: not held).
     hold_s: float | None
     #: Seconds until the rate limit has tokens for a small batch (None: no rate limit).

@@ -17,6 +17,7 @@ from pgwork.config import RetryPolicy
 
 from .helpers import config, rows, running, until, webhook_channel
 from .receiver import Answer, Receiver
+from .test_cli import pgwork
 
 pytestmark = pytest.mark.anyio
 
@@ -276,3 +277,45 @@ async def test_retire_fences_a_send_in_flight_and_moves_live_rows_to_their_remin
         "WHERE w.business_key = 'held'",
     )
     assert [x["outcome"] for x in ledger] == ["fenced"]
+
+
+async def test_retire_names_the_daemons_serving_the_channel_and_they_drop_it(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`channel retire gone --cancel` while a daemon served `gone` was accepted without a word
+    about it; the daemon logged "channel resumed" and kept exporting the channel until
+    restarted. Retire now names the live daemons that registered it, and each says it was
+    retired, claims none of its work and drops its gauges."""
+    from .helpers import add, python_channel
+
+    cfg = config(
+        python_channel(), python_channel("gone"), metrics_enabled=True, metrics_listen="127.0.0.1:0"
+    )
+    async with running(cfg, dsn) as d:
+
+        def paused_gauge() -> float | None:
+            return d.metrics.registry.get_sample_value("pgwork_channel_paused", {"channel": "gone"})
+
+        async def exported() -> bool:
+            return paused_gauge() == 0
+
+        await until(exported, what="the channel's gauges")
+        await add(conn, "later", "now() + interval '1 day'", channel="gone")
+        r = await anyio.to_thread.run_sync(
+            lambda: pgwork("channel", "retire", "gone", "--cancel", dsn=dsn)
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"Still served by {d.identity.daemon_id} (" in r.stdout, r.stdout
+
+        async def dropped() -> bool:
+            return paused_gauge() is None and "gone was retired" in caplog.text
+
+        await until(dropped, what="the daemon dropping the channel")
+        assert "channel gone resumed" not in caplog.text
+        assert (
+            d.metrics.registry.get_sample_value("pgwork_channel_paused", {"channel": "test"}) == 0
+        )
+    # Without a daemon serving it, retire says only what to do with the configs.
+    await conn.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('old', 'log')")
+    r = pgwork("channel", "retire", "old", dsn=dsn)
+    assert r.returncode == 0 and "Still served" not in r.stdout, r.stdout

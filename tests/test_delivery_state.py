@@ -132,6 +132,7 @@ def _gate(seen: dict[str, Any]) -> store.GateReading:
     return store.GateReading(
         wait_s=seen.get("wait_s"),
         paused=seen.get("paused", False),
+        retired=seen.get("retired", False),
         hold_s=seen.get("hold_s", 0.0),
         tokens_s=None,
         full=False,

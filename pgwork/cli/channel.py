@@ -127,6 +127,12 @@ def _retired(name: str, use: store.ChannelUse | None, cancel: bool) -> int:
             if use.moved
             else ""
         )
-        + ". Remove it from every daemon's config: a daemon that still has it registers it again."
+        + (
+            f". Still served by {', '.join(use.served_by)}: each stops claiming it now; remove it "
+            "from their config, or a restart registers it again."
+            if use.served_by
+            else ". Remove it from every daemon's config: a daemon that still has it registers "
+            "it again."
+        )
     )
     return 0

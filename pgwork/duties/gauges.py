@@ -66,6 +66,9 @@ def publish(m: Metrics, r: Reading) -> None:
     m.xmin_horizon_xids.set(r.xmin.age_xids)
     m.retention_paused.set(1 if r.retention.paused else 0)
     m.retention_oldest.set(r.retention.oldest_terminal_age_seconds or 0)
+    # The channels the database has: one retired meanwhile leaves no series behind.
+    for g in (m.channel_paused, m.channel_throttled, m.channel_claimed):
+        g.clear()
     for c in r.channels:
         m.channel_paused.labels(c.name).set(1 if c.paused else 0)
         m.channel_throttled.labels(c.name).set(1 if c.throttled else 0)

@@ -5,7 +5,7 @@ release on shutdown."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -111,6 +111,8 @@ class Heartbeat:
     listener_up: Callable[[], bool | None]
     #: HOST:PORT its metrics are served on (None: off), shown by `pgwork status`.
     metrics_at: str | None = None
+    #: The channels it serves, shown to `pgwork channel retire`.
+    channels: Sequence[str] = ()
     #: Wakes a heartbeat before its time (the listener came up or went down).
     waker: Waker = field(default_factory=Waker)
     #: Called with who asks when a heartbeat finds `pgwork migrate` asking the daemons to step
@@ -157,6 +159,7 @@ class Heartbeat:
                 heartbeat_every=timedelta(seconds=self.every),
                 listener_up=self.listener_up(),
                 metrics_at=self.metrics_at,
+                channels=self.channels,
             )
             await self.clock.sync(conn)
         self.clock.warn_if_skewed()

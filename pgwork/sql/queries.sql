@@ -346,12 +346,13 @@ SELECT pgwork.pause_channel(%(channel)s, %(reason)s, %(actor)s) AS changed
 SELECT pgwork.resume_channel(%(channel)s, %(actor)s) AS changed
 
 -- name: daemon_register
-INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every, listener_up, metrics_at, schema_version)
+INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_every, listener_up, metrics_at, schema_version,
+                           channels)
 VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s, %(listener_up)s, %(metrics_at)s,
-        %(schema_version)s)
+        %(schema_version)s, %(channels)s)
     ON CONFLICT (id) DO UPDATE
    SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every, listener_up = excluded.listener_up,
-       metrics_at = excluded.metrics_at, schema_version = excluded.schema_version
+       metrics_at = excluded.metrics_at, schema_version = excluded.schema_version, channels = excluded.channels
 
 -- name: daemons_forget_gone
 -- Daemons silent for ten heartbeat intervals (and at least ten minutes) are gone for good (killed,
@@ -392,7 +393,10 @@ SELECT extract(epoch FROM least(
            (SELECT min(l.turn_at) FROM pgwork.lane l WHERE l.channel = %(channel)s),
            -- ... or the first lease to expire.
            (SELECT min(l.expires_at) FROM pgwork.work_lease l WHERE l.channel = %(channel)s)) - now())::float8 AS wait_s,
-       coalesce(c.paused, false) AS paused,
+       -- A channel retired (`pgwork channel retire`) while this daemon serves it: nothing to
+       -- claim, as if paused, until it is registered again.
+       coalesce(c.paused, true) AS paused,
+       c.name IS NULL AS retired,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS hold_s,
        CASE WHEN c.rate_limit IS NOT NULL THEN greatest(0,
             (least(c.rate_burst, greatest(1, c.rate_limit * 0.05))
@@ -732,14 +736,20 @@ SELECT w.id, CASE WHEN l.work_id IS NOT NULL THEN 'claimed' ELSE w.status END AS
 -- meanwhile waits to register it), and count what still uses it. NULL when there is no such
 -- channel. Neither count has an index: an operator's rare command reads both tables.
 -- live: the live rows it would close; moved: live rows on it whose reminder now names another
--- channel (made before the move, or in flight then), which go there instead.
+-- channel (made before the move, or in flight then), which go there instead. served_by: the live
+-- daemons that registered it (id, host, pid), which stop claiming it once it is gone and
+-- register it again when restarted with it.
 SELECT (SELECT count(*) FROM pgwork.reminder r WHERE r.channel = c.name) AS reminders,
        (SELECT count(*) FROM pgwork.live_work(c.name) v
           JOIN pgwork.renewal_work w ON w.id = v.work_id
          WHERE NOT EXISTS (SELECT FROM pgwork.reminder r WHERE r.id = w.reminder_id AND r.channel <> c.name)) AS live,
        (SELECT count(*) FROM pgwork.live_work(c.name) v
           JOIN pgwork.renewal_work w ON w.id = v.work_id
-          JOIN pgwork.reminder r ON r.id = w.reminder_id AND r.channel <> c.name) AS moved
+          JOIN pgwork.reminder r ON r.id = w.reminder_id AND r.channel <> c.name) AS moved,
+       coalesce((SELECT array_agg(format('%%s (%%s, pid %%s)', d.id, d.host, d.pid) ORDER BY d.started_at)
+                   FROM pgwork.daemon d
+                  WHERE c.name = ANY (d.channels) AND d.heartbeat_at >= now() - 3 * d.heartbeat_every),
+                '{}') AS served_by
   FROM pgwork.channel c
  WHERE c.name = %(channel)s
    FOR UPDATE OF c

@@ -287,7 +287,16 @@ class ChannelRunner:
         while paused or held, not only when that changes: rows a page claimed just as the pause
         landed, and rows whose give-back failed, are given back by the next read."""
         changed, give_back = self.gate.read(gate, time.monotonic())
-        if changed:
+        if changed and gate.retired:
+            # Its gauges go with the next refresh (they are the channels the database has).
+            log.warning(
+                "channel %s was retired (`pgwork channel retire`): this daemon claims none of "
+                "its work until it is registered again; remove it from this daemon's config, or "
+                "a restart registers it again",
+                self.name,
+                extra={"channel": self.name},
+            )
+        elif changed:
             self.metrics.channel_paused.labels(self.name).set(1 if gate.paused else 0)
             log.warning(
                 "channel %s", "paused" if gate.paused else "resumed", extra={"channel": self.name}

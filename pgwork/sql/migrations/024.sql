@@ -28,3 +28,8 @@ COMMENT ON COLUMN pgwork.set_aside.fire_at IS 'The occurrence it failed on (coal
 COMMENT ON COLUMN pgwork.set_aside.daemon_id IS 'The daemon that last tried it (pgwork.daemon.id).';
 COMMENT ON COLUMN pgwork.set_aside.next_try_at IS 'When that daemon tries it again (each failure doubles the wait, up to an hour).';
 COMMENT ON COLUMN pgwork.set_aside.error IS 'The first line of the error its page failed with.';
+
+ALTER TABLE pgwork.daemon ADD COLUMN channels text[];
+COMMENT ON COLUMN pgwork.daemon.channels IS
+    'The channels it serves (its config''s): `pgwork channel retire` names the daemons serving one. '
+    'NULL: a daemon older than schema 24.';
