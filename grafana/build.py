@@ -118,7 +118,7 @@ PANELS: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
     ),
     (
         "Live and dead rows",
-        "Where is the work: ready, claimed, dead, per channel?",
+        "Where is the work: ready, waiting, claimed, dead, per channel?",
         "short",
         "timeseries",
         [("{{channel}} {{status}}", f"max by (channel, status) (pgwork_work_rows{{{INST}, {C}}})")],

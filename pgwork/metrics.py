@@ -258,7 +258,8 @@ class Metrics:
         )
         self.work_rows = gauge(
             "pgwork_work_rows",
-            "Live work rows (ready, claimed) and dead letters by channel and status.",
+            "Live work rows (ready: claimable now; waiting: not yet; claimed) and dead letters by "
+            "channel and status.",
             "channel",
             "status",
         )

@@ -395,6 +395,7 @@ class WebApp:
                     _e(c.kind),
                     state,
                     _link(f"/channel/{c.name}", n.get("ready", 0), status="ready"),
+                    _link(f"/channel/{c.name}", n.get("waiting", 0), status="ready"),
                     _link(f"/channel/{c.name}", n.get("claimed", 0), status="claimed"),
                     _link("/dead", n.get("dead", 0), channel=c.name),
                     _e(c.next_retry_at),
@@ -409,7 +410,18 @@ class WebApp:
             + self._set_aside(aside)
             + "<h2>Channels</h2>"
             + _table(
-                ["channel", "kind", "state", "ready", "claimed", "dead", "next retry", ""], rows
+                [
+                    "channel",
+                    "kind",
+                    "state",
+                    "ready",
+                    "waiting",
+                    "claimed",
+                    "dead",
+                    "next retry",
+                    "",
+                ],
+                rows,
             )
             + "<h2>Daemons</h2>"
             + _table(

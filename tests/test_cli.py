@@ -1008,3 +1008,20 @@ async def test_status_and_the_overview_name_a_reminder_set_aside_until_it_is_mad
     assert await rows(conn, "SELECT * FROM pgwork.set_aside") == []
     assert json.loads(pgwork("status", "--json", dsn=dsn).stdout)["set_aside"] == []
     assert "SET ASIDE" not in pgwork("status", dsn=dsn).stdout
+
+
+async def test_status_counts_rows_not_claimable_yet_as_waiting_not_ready(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """`status` counted a row made ahead of its due time (the look-ahead) and a retry in its
+    backoff as `ready`, as if a worker could take them now. They are `waiting`; `ready` is what
+    a claim could take now (the gauge `pgwork_work_rows` reads the same statement)."""
+    await add(conn, "due", "now() - interval '1 minute'", channel="log")
+    await add(conn, "ahead", "now() + interval '1 hour'", channel="log")
+    await materialise(dsn, lookahead=7200)
+    states = json.loads(pgwork("status", "--json", dsn=dsn).stdout)["work"]
+    assert {(s["channel"], s["status"]): s["n"] for s in states} == {
+        ("log", "ready"): 1,
+        ("log", "waiting"): 1,
+    }
+    assert "waiting" in pgwork("status", dsn=dsn).stdout

@@ -134,10 +134,10 @@ async def test_every_page_shows_each_state_and_runs_no_injected_script(
         text = await b.text()
         assert "PAUSED" in text and "<b>maintenance</b> window" in text  # as text, not markup
         assert "THROTTLED" in text and "HTTP 429 from the receiver" in text
-        assert re.search(r"hook\s+webhook\s+running\s+2\s+0\s+2", text), (
+        assert re.search(r"hook\s+webhook\s+running\s+2\s+0\s+0\s+2", text), (
             text
-        )  # ready, claimed, dead
-        assert re.search(r"test\s+python\s+PAUSED.*\s+1\s+1\s+0", text), text
+        )  # ready, waiting, claimed, dead
+        assert re.search(r"test\s+python\s+PAUSED.*\s+1\s+0\s+1\s+0", text), text
         # Every seeded row was due a minute ago: its source is late, with a work row.
         assert re.search(
             r"Late sources\s+source\s+lag s.*\s+leases\s+\d+\.\d\s+a work row", text

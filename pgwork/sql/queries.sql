@@ -814,12 +814,13 @@ DELETE FROM pgwork.channel c WHERE c.name = %(channel)s
 SELECT EXISTS (SELECT FROM pgwork.channel c WHERE c.name = %(name)s) AS exists
 
 -- name: work_states
--- Live work rows (ready, claimed) and dead letters by channel and status (status command,
--- metrics). Each part reads only live rows or the dead letters' partial index: the cost grows with live and dead rows, never
--- with the delivered rows retention keeps. Terminal counts are in the attempt counters.
-SELECT channel, 'ready' AS status, count(*) AS n
+-- Live work rows (ready: claimable now; waiting: made ahead of its due time or a retry in its
+-- backoff; claimed) and dead letters by channel and status (status command, metrics). Each part
+-- reads only live rows or the dead letters' partial index: the cost grows with live and dead
+-- rows, never with the delivered rows retention keeps. Terminal counts are in the attempt counters.
+SELECT channel, CASE WHEN available_at <= now() THEN 'ready' ELSE 'waiting' END AS status, count(*) AS n
   FROM pgwork.work_ready
- GROUP BY channel
+ GROUP BY 1, 2
 UNION ALL
 SELECT channel, 'claimed', count(*)
   FROM pgwork.work_lease
