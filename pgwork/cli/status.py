@@ -191,8 +191,11 @@ def _late_sources(over: list[dict[str, Any]]) -> str:
     """The sources over the limit, latest first."""
     if not over:
         return ""
-    names = ", ".join(f"source {r['source']} {r['lag_seconds']:.1f}s" for r in over[:5])
-    return f" ({names}" + (f" and {len(over) - 5} more" if len(over) > 5 else "") + ")"
+    names = ", ".join(
+        f"source {r['source']} {r['lag_seconds']:.1f}s" for r in over[:LATE_SOURCES_SHOWN]
+    )
+    more = len(over) - LATE_SOURCES_SHOWN
+    return f" ({names}" + (f" and {more} more" if more > 0 else "") + ")"
 
 
 def _lock_holders(holders: list[dict[str, Any]]) -> str:
