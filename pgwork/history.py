@@ -72,12 +72,23 @@ def took_ms(took: timedelta | None) -> str | None:
     return None if took is None else f"{took.total_seconds() * 1000:.0f} ms"
 
 
-def state(row: dict[str, Any], now: datetime) -> str:
+def state(row: dict[str, Any], now: datetime, channel: store.ChannelState | None = None) -> str:
     """A work row's status, saying when a ready row is not claimable yet: a look-ahead row
-    before its due time, or a retry before its next try."""
-    if row["status"] == store.Status.READY and row["available_at"] > now:
-        return "retry waiting" if row["attempts"] else "ready, not yet due"
-    return str(row["status"])
+    before its due time, a retry before its next try, or its channel (``channel``) paused or
+    throttled."""
+    if row["status"] != store.Status.READY:
+        return str(row["status"])
+    base = "ready"
+    if row["available_at"] > now:
+        base = "retry waiting" if row["attempts"] else "ready, not yet due"
+    if channel is not None and channel.paused:
+        return (
+            f"{base}, channel {channel.name} PAUSED: {channel.paused_reason or 'no reason given'}"
+            f" (by {channel.paused_by})"
+        )
+    if channel is not None and channel.throttled:
+        return f"{base}, channel {channel.name} THROTTLED: {channel.throttle_reason or ''}"
+    return base
 
 
 async def reminder_history(
@@ -107,7 +118,18 @@ async def reminder_history(
         for a in await store.history_attempts(conn, work_ids=list(ledger)):
             ledger[a.pop("work_id")].append(a)
     now = await store.db_now(conn)
-    occurrences = [{**w, "state": state(w, now), "attempts_ledger": ledger[w["id"]]} for w in work]
+    held = {w["channel"] for w in work if w["status"] == store.Status.READY}
+    channels = (
+        {c.name: c for c in await store.channel_states(conn) if c.name in held} if held else {}
+    )
+    occurrences = [
+        {
+            **w,
+            "state": state(w, now, channels.get(w["channel"])),
+            "attempts_ledger": ledger[w["id"]],
+        }
+        for w in work
+    ]
     # A next send whose work row is shown below is in that row's state (a ready row not due yet,
     # a retry waiting), so the two never disagree; one not made yet is in the view's status.
     made = {(w["deadline"], w["occurrence"]): w["state"] for w in occurrences}

@@ -1025,3 +1025,23 @@ async def test_status_counts_rows_not_claimable_yet_as_waiting_not_ready(
         ("log", "waiting"): 1,
     }
     assert "waiting" in pgwork("status", dsn=dsn).stdout
+
+
+async def test_a_reminder_waiting_on_a_paused_channel_says_so(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A row held by its paused channel (a receiver answered 410, or an operator paused it) was
+    shown as `ready · 0 attempts`, as if nothing held it. `pgwork reminder` says the channel is
+    paused, by whom and why, in the work line and the JSON."""
+    await add(conn, "held", "now() - interval '1 minute'", channel="log")
+    await materialise(dsn)
+    r = pgwork("channel", "pause", "log", "--reason", "receiver answered 410", dsn=dsn)
+    assert r.returncode == 0, r.stderr
+    text = pgwork("reminder", "test", "held", dsn=dsn).stdout
+    assert "ready, channel log PAUSED: receiver answered 410" in text, text
+    (work,) = json.loads(pgwork("reminder", "test", "held", "--json", dsn=dsn).stdout)[
+        "occurrences"
+    ]
+    assert work["state"].startswith("ready, channel log PAUSED"), work
+    assert pgwork("channel", "resume", "log", dsn=dsn).returncode == 0
+    assert "PAUSED" not in pgwork("reminder", "test", "held", dsn=dsn).stdout
