@@ -33,6 +33,7 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
         processes = process_count(getattr(args, "processes", "1"))
     except ValueError as e:
         raise CliError(str(e), 2) from None
+    _load_channels(cfg)
     if processes > 1:
         return _run_group(args, cfg, processes)
     provider = None
@@ -64,6 +65,17 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
         if provider is not None:
             provider.shutdown()  # flush the spans still batched
     return 0
+
+
+def _load_channels(cfg: Config) -> None:
+    """Load every channel's code before a database is touched: a python channel's target that
+    cannot be imported is a configuration error (exit 2) before an embedded server is created,
+    started and migrated for it. The daemon loads them again in its own process."""
+    from ..channels import make_channel
+
+    for c in cfg.channels.values():
+        if c.kind == "python":
+            make_channel(c)
 
 
 def _run_group(args: argparse.Namespace, cfg: Config, processes: int) -> int:
