@@ -10,6 +10,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+
 from .db import redact as _redact_dsn
 from .secrets import Secrets
 
@@ -41,6 +43,35 @@ def personal_as(value: str, mode: str) -> str:
     if mode == "drop":
         return "(redacted)"
     return value
+
+
+def brief(e: psycopg.Error) -> str:
+    """A database error as a log line tells it: the server's message, its detail and where it
+    was raised (the innermost line of its CONTEXT). Not the whole CONTEXT, which quotes every
+    enclosing statement: a page's error carried the page's SQL, about 12 kB a line."""
+    d = e.diag
+    text = d.message_primary or (str(e).splitlines() or [type(e).__name__])[0]
+    if d.message_detail:
+        text += f" ({d.message_detail})"
+    where = (d.context or "").strip().splitlines()
+    return text + (f" [in {where[0]}]" if where else "")
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message, with each database error in it told briefly."""
+    args = record.args
+    if isinstance(args, tuple) and any(isinstance(a, psycopg.Error) for a in args):
+        record.args = tuple(brief(a) if isinstance(a, psycopg.Error) else a for a in args)
+    return record.getMessage()
+
+
+def _traceback(formatter: logging.Formatter, ei: Any) -> str:
+    """A traceback whose last line tells a database error briefly, as the message does."""
+    text = formatter.formatException(ei)
+    e = ei[1]
+    if isinstance(e, psycopg.Error):
+        text = text.replace(str(e), brief(e))
+    return text
 
 
 #: Fields that may carry personal data; hashed or dropped when ``log.redact`` says so.
@@ -109,11 +140,11 @@ class JsonFormatter(logging.Formatter):
             "ts": self._ts(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "event": redact(record.getMessage()),
+            "event": redact(_message(record)),
         }
         doc.update(_fields(record, self.redact_mode))
         if record.exc_info:
-            doc["error"] = redact(self.formatException(record.exc_info))
+            doc["error"] = redact(_traceback(self, record.exc_info))
         return self._encode(doc)
 
 
@@ -125,11 +156,11 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]
         fields = " ".join(f"{k}={v}" for k, v in _fields(record, self.redact_mode).items())
-        line = f"{ts} {record.levelname:<7} {record.name}: {redact(record.getMessage())}"
+        line = f"{ts} {record.levelname:<7} {record.name}: {redact(_message(record))}"
         if fields:
             line += f"  {fields}"
         if record.exc_info:
-            line += "\n" + redact(self.formatException(record.exc_info))
+            line += "\n" + redact(_traceback(self, record.exc_info))
         return line
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
 
 from pgwork import db, logs
 
@@ -56,3 +61,38 @@ def test_passwords_are_redacted_in_any_case() -> None:
         "pa\u017f\u017fword",
     ):  # long s matches s, ignoring case
         assert "s3cret" not in db.redact(f"host=h {spelling}=s3cret dbname=x"), spelling
+
+
+@pytest.mark.anyio
+async def test_a_database_error_is_logged_in_one_short_line(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A page that failed on one reminder logged the server's whole CONTEXT, which quotes the
+    page's statement: about 12 kB a line. The line says the message and where it was raised."""
+    from pgwork.duties import materialise as materialiser
+
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
+        "channel, recipient, next_fire_at) VALUES ('mars', 'base:1', now(), "
+        "now() AT TIME ZONE 'UTC', 'Mars/Olympus', 'log', 'r', now() - interval '1 minute')"
+    )
+    await conn.execute("RESET session_replication_role")
+    async with await db.connect(dsn) as c:
+        await materialiser.run_once(c, lookahead=0, page_size=8, aside=materialiser.SetAside())
+        with pytest.raises(psycopg.Error) as raised:
+            await materialiser.run_once(c, lookahead=0, page_size=8)
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("a page failed")]
+    assert len(str(raised.value)) > 5000  # what the line carried
+    try:
+        raise raised.value
+    except psycopg.Error:
+        failed = logging.LogRecord(
+            "t", logging.ERROR, "", 0, "pass failed: %s", (raised.value,), sys.exc_info()
+        )
+    for fmt in (logs.JsonFormatter(), logs.TextFormatter()):
+        for r in (record, failed):
+            line = fmt.format(r)
+            assert "Mars/Olympus" in line and "not recognized" in line, line
+            assert "pgwork.local_to_instant" in line and "WITH params" not in line, line
+        assert len(fmt.format(record)) < 600
