@@ -48,6 +48,21 @@ async def add(
     return int(row[0])
 
 
+async def add_in_an_unknown_zone(
+    conn: psycopg.AsyncConnection[Any], source: str = "mars", key: str = "base:1"
+) -> None:
+    """A reminder written around the triggers (as a table's owner can) in a zone the server
+    does not know, due a minute ago: the row the materialiser sets aside."""
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
+        "channel, recipient, next_fire_at) VALUES (%s, %s, now(), now() AT TIME ZONE 'UTC', "
+        "'Mars/Olympus', 'log', 'r', now() - interval '1 minute')",
+        (source, key),
+    )
+    await conn.execute("RESET session_replication_role")
+
+
 async def statement(
     conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 
 from pgwork import SCHEMA_VERSION, __version__, db
 
-from .helpers import add, claim, materialise, rows, sync_queue, until
+from .helpers import add, add_in_an_unknown_zone, claim, materialise, rows, sync_queue, until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -808,13 +808,7 @@ async def test_a_reminder_set_aside_for_a_zone_the_server_does_not_know_can_be_i
     server does not know, it is set aside by the materialiser. `pgwork reminder` answered
     `database error: time zone "Mars/Olympus" not recognized` (exit 3); it now shows the
     reminder as stored and why its next sends cannot be worked out (text and JSON)."""
-    await conn.execute("SET session_replication_role = replica")
-    await conn.execute(
-        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
-        "channel, recipient, next_fire_at) VALUES ('mars', 'base:1', now(), "
-        "now() AT TIME ZONE 'UTC', 'Mars/Olympus', 'log', 'r', now() - interval '1 minute')"
-    )
-    await conn.execute("RESET session_replication_role")
+    await add_in_an_unknown_zone(conn)
     r = pgwork("reminder", "mars", "base:1", dsn=dsn)
     assert r.returncode == 0, r.stderr
     assert "Mars/Olympus" in r.stdout and "cannot be worked out" in r.stdout, r.stdout
@@ -973,13 +967,7 @@ async def test_status_and_the_overview_name_a_reminder_set_aside_until_it_is_mad
     from pgwork.duties import materialise as materialiser
 
     await add(conn, "fine", "now() - interval '1 minute'", source="mars", channel="log")
-    await conn.execute("SET session_replication_role = replica")
-    await conn.execute(
-        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
-        "channel, recipient, next_fire_at) VALUES ('mars', 'base:1', now(), "
-        "now() AT TIME ZONE 'UTC', 'Mars/Olympus', 'log', 'r', now() - interval '1 minute')"
-    )
-    await conn.execute("RESET session_replication_role")
+    await add_in_an_unknown_zone(conn)
     async with await db.connect(dsn) as c:
         for _ in range(2):  # a pass of another daemon fails on it too: one record, two tries
             res = await materialiser.run_once(

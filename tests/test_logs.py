@@ -14,6 +14,8 @@ import pytest
 
 from pgwork import db, logs
 
+from .helpers import add_in_an_unknown_zone
+
 
 def _record(created: float, **extra: object) -> logging.LogRecord:
     r = logging.LogRecord("pgwork.worker", logging.INFO, __file__, 1, "attempt %s", ("ok",), None)
@@ -71,13 +73,7 @@ async def test_a_database_error_is_logged_in_one_short_line(
     page's statement: about 12 kB a line. The line says the message and where it was raised."""
     from pgwork.duties import materialise as materialiser
 
-    await conn.execute("SET session_replication_role = replica")
-    await conn.execute(
-        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
-        "channel, recipient, next_fire_at) VALUES ('mars', 'base:1', now(), "
-        "now() AT TIME ZONE 'UTC', 'Mars/Olympus', 'log', 'r', now() - interval '1 minute')"
-    )
-    await conn.execute("RESET session_replication_role")
+    await add_in_an_unknown_zone(conn)
     async with await db.connect(dsn) as c:
         await materialiser.run_once(c, lookahead=0, page_size=8, aside=materialiser.SetAside())
         with pytest.raises(psycopg.Error) as raised:

@@ -26,7 +26,7 @@ from pgwork import db, web
 from pgwork.duties import materialise as materialiser
 
 from .browser import CHROMIUM, Browser
-from .helpers import claim, config, materialise, rows, running, sync_queue
+from .helpers import add_in_an_unknown_zone, claim, config, materialise, rows, running, sync_queue
 
 pytestmark = [pytest.mark.anyio]
 
@@ -493,13 +493,7 @@ async def test_a_reminder_set_aside_for_an_unknown_zone_has_a_page_that_says_why
     """Written around the triggers in a zone the server does not know, the reminder the
     materialiser sets aside answered 500 with a traceback in the log; its page now shows it as
     stored and why its next sends cannot be worked out."""
-    await conn.execute("SET session_replication_role = replica")
-    await conn.execute(
-        "INSERT INTO pgwork.reminder (source, business_key, due_at, due_local, due_tz, "
-        "channel, recipient) VALUES ('mars', 'base:1', now(), now() AT TIME ZONE 'UTC', "
-        "'Mars/Olympus', 'log', 'r')"
-    )
-    await conn.execute("RESET session_replication_role")
+    await add_in_an_unknown_zone(conn)
     async with _serving(dsn) as url, _client() as s:
         status, html = await _get(s, f"{url}/reminder?source=mars&key=base:1")
         assert status == 200, html
