@@ -21,7 +21,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, db, eventloop, logs, store
+from . import build, db, eventloop, logs, store
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config
@@ -285,7 +285,7 @@ class Daemon:
                     "daemon_id": self.daemon_id,
                     "channels": list(channels),
                     "database": db.describe(self.dsn),
-                    "version": __version__,
+                    "version": build.version(),
                     "event_loop": eventloop.name(),
                 },
             )

@@ -31,7 +31,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import __version__, store
+from . import build, store
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
 from .durations import interval_text
 from .duties import gauges
@@ -288,7 +288,7 @@ class WebApp:
             f'<header><a href="/">pgwork</a><a href="/dead">dead letters</a><a href="/reminder">a reminder</a>'
             f'<span style="float:right">{who}</span></header>'
             f"<main><h1>{_e(title)}</h1>{body}</main>"
-            f'<footer class="note" style="padding:0 1.2em">pgwork {_e(__version__)}</footer>'
+            f'<footer class="note" style="padding:0 1.2em">pgwork {_e(build.version())}</footer>'
             "</body></html>"
         )
         return web.Response(text=html, content_type="text/html", status=status)

@@ -14,7 +14,7 @@ import anyio
 import psycopg
 import pytest
 
-from pgwork import SCHEMA_VERSION, __version__, db
+from pgwork import SCHEMA_VERSION, __version__, build, db
 
 from .helpers import add, add_in_an_unknown_zone, claim, materialise, rows, sync_queue, until
 
@@ -40,7 +40,7 @@ def pgwork(
 
 
 def test_version_and_help_for_every_command() -> None:
-    assert pgwork("--version").stdout.strip() == f"pgwork {__version__}"
+    assert pgwork("--version").stdout.strip() == f"pgwork {__version__}+{build.digest()}"
     for cmd in (
         ["run"],
         ["migrate"],
@@ -1033,3 +1033,21 @@ async def test_a_reminder_waiting_on_a_paused_channel_says_so(
     assert work["state"].startswith("ready, channel log PAUSED"), work
     assert pgwork("channel", "resume", "log", dsn=dsn).returncode == 0
     assert "PAUSED" not in pgwork("reminder", "test", "held", dsn=dsn).stdout
+
+
+def test_a_build_is_named_by_its_files(tmp_path: Path) -> None:
+    """Every build said `pgwork 0.1.0`, and the step-aside handshake and `migrate --wait` name
+    daemons by it: old and new looked alike. The version carries a digest of the package's
+    files: the same files give the same digest, one changed byte another."""
+    import shutil
+
+    copy = tmp_path / "pgwork"
+    shutil.copytree(build.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert build.digest(copy) == build.digest()
+    (copy / "__pycache__").mkdir(exist_ok=True)
+    (copy / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"compiled")
+    assert build.digest(copy) == build.digest()  # only the sources count
+    wake = copy / "sql" / "code" / "work.sql"
+    wake.write_text(wake.read_text() + "\n")
+    assert build.digest(copy) != build.digest()
+    assert build.version() == f"{__version__}+{build.digest()}"

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from .. import __version__, db, logs
+from .. import build, db, logs
 from ..config import Config, ConfigError, load
 from ..embedded import EmbeddedError
 from ..secrets import Secrets
@@ -37,7 +37,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="pgwork", description="Postgres-backed deadline and work-queue daemon.")
-    p.add_argument("--version", action="version", version=f"pgwork {__version__}")
+    p.add_argument("--version", action="version", version=f"pgwork {build.version()}")
     p.add_argument(
         "--config", help="TOML config file (default: $PGWORK_CONFIG, else built-in defaults)"
     )

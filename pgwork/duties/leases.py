@@ -15,7 +15,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from .. import __version__, store
+from .. import build, store
 from ..clock import Clock
 from ..store import ClaimKey, Identity
 from ..supervise import Next, Supervisor
@@ -155,7 +155,7 @@ class Heartbeat:
                 id=daemon_id,
                 host=host,
                 pid=pid,
-                version=__version__,
+                version=build.version(),
                 heartbeat_every=timedelta(seconds=self.every),
                 listener_up=self.listener_up(),
                 metrics_at=self.metrics_at,
