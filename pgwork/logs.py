@@ -20,6 +20,8 @@ from .secrets import Secrets
 _SECRETS = Secrets()
 #: The ``log.redact`` mode in force (the log channel's own message text honours it too).
 _MODE = ["none"]
+#: The line format ``setup`` chose: "text" on a terminal, else "json".
+_FORMAT = ["text"]
 
 
 def add_secrets(secrets: Secrets) -> None:
@@ -164,10 +166,22 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+def say(text: str, file: Any = None, level: int = logging.INFO, **fields: Any) -> None:
+    """A command's own line (a summary, a welcome): as written on a terminal; when the logs are
+    JSON lines (off a terminal: a journal, a pipe), a JSON line of the logs' shape, so that what
+    the command writes is one format."""
+    if _FORMAT[0] == "json":
+        record = logging.LogRecord("pgwork.cli", level, "", 0, text, None, None)
+        record.__dict__.update(fields)
+        text = JsonFormatter(_MODE[0]).format(record)
+    print(text, file=file if file is not None else sys.stdout)
+
+
 def setup(fmt: str = "auto", level: str = "info", redact_mode: str = "none") -> None:
     _MODE[0] = redact_mode
     if fmt == "auto":
         fmt = "text" if sys.stderr.isatty() else "json"
+    _FORMAT[0] = fmt
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter(redact_mode) if fmt == "json" else TextFormatter(redact_mode)

@@ -366,6 +366,10 @@ def test_cleanup_with_only_its_retention_dsn_touches_no_other_database(
     )  # fmt: skip
     assert r.returncode == 0 and "deleted 0 work rows" in r.stdout, r.stdout + r.stderr
     assert not (tmp_path / ".pgwork").exists()
+    # Off a terminal its logs are JSON lines, and so is its summary: one format for a journal.
+    lines = [json.loads(line) for line in (r.stdout + r.stderr).splitlines()]
+    (summary,) = [d for d in lines if d["event"].startswith("deleted ")]
+    assert summary["deleted"] == 0 and summary["level"] == "info", summary
 
 
 # -- issue 9, item 17: every mistake is one line and exit 2 -----------------------------------
@@ -749,6 +753,9 @@ def test_a_killed_embedded_run_leaves_its_server_to_the_next_run_which_stops_it(
         assert f"left running by pgwork process {first.pid}, which is gone" in said, said
         second.send_signal(signal.SIGTERM)
         assert second.wait(60) == 0, (tmp_path / "second.log").read_text()
+        # Off a terminal every line is JSON, the migration's and the welcome's too.
+        for line in (tmp_path / "second.log").read_text().splitlines():
+            assert json.loads(line)["event"], line
         assert server.running_port() is None, "the second run did not stop the server"
     finally:
         for p in (first, second):

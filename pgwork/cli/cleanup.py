@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from .. import db, store
+from .. import db, logs, store
 from ..config import Config
 from .common import (
     CliError,
@@ -24,7 +24,7 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
     dsn = cfg.retention_dsn or (database.dsn if database else "")
     pooled = cfg.pooler == "transaction"
 
-    async def go(conn: psycopg.AsyncConnection[Any]) -> str:
+    async def go(conn: psycopg.AsyncConnection[Any]) -> tuple[str, dict[str, Any]]:
         await db.check_schema(conn)
         if args.pause or args.resume:
             await store.retention_set_paused(conn, paused=bool(args.pause))
@@ -32,7 +32,7 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
                 "retention paused (every daemon stops at its next batch)"
                 if args.pause
                 else "retention resumed"
-            )
+            ), {}
         r = Retention(cfg.retention)
         res = await r.run_once(conn)
         if res.paused:
@@ -40,10 +40,16 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
         return (
             f"deleted {res.deleted} work rows and {res.ledger_deleted} ledger rows in {res.batches} batches "
             f"({res.duration:.2f}s, longest batch {res.longest_batch * 1000:.0f} ms, {res.timeouts} timeouts)"
-        )
+        ), {
+            "deleted": res.deleted,
+            "ledger_deleted": res.ledger_deleted,
+            "batches": res.batches,
+            "timeouts": res.timeouts,
+        }
 
     try:
-        print(with_conn(dsn, go, pooled))
+        text, fields = with_conn(dsn, go, pooled)
+        logs.say(text, **fields)
     finally:
         if database is not None:
             database.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import os
 import socket
 import sys
@@ -17,7 +18,7 @@ from typing import Any, NoReturn
 import anyio
 import psycopg
 
-from .. import db, store
+from .. import db, logs, store
 from ..config import ChannelConfig, Config, ConfigError
 from ..durations import interval_text, parse_duration
 from ..embedded import LocalServer
@@ -76,11 +77,12 @@ class Database:
                         # `pgwork run` after a run that was killed (SIGKILL cannot be caught):
                         # its server is still up; this run uses it and stops it at the end.
                         self.server.take_over()
-                        print(
+                        logs.say(
                             f"pgwork: the embedded server in {self.server.data_dir} was left "
                             f"running by pgwork process {self.server.orphaned_by}, which is gone "
                             "(killed?): using it, and stopping it when this run ends",
                             file=sys.stderr,
+                            level=logging.WARNING,
                         )
             except OSError as e:
                 raise ConfigError(

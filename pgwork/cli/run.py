@@ -14,7 +14,7 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .. import eventloop
+from .. import eventloop, logs
 from ..config import Config
 from ..embedded import EmbeddedError, wheel_bin_dir
 from .common import (
@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
     try:
         welcome = None
         if database.embedded:
-            print(migrate_schema(database.dsn), file=sys.stderr)
+            logs.say(migrate_schema(database.dsn), file=sys.stderr)
             welcome = partial(_print_welcome, database, cfg)
 
         stepped_aside: list[str] = []
@@ -87,7 +87,7 @@ def _run_group(args: argparse.Namespace, cfg: Config, processes: int) -> int:
     try:
         welcome = None
         if database.embedded:
-            print(migrate_schema(database.dsn), file=sys.stderr)
+            logs.say(migrate_schema(database.dsn), file=sys.stderr)
             welcome = partial(_print_welcome, database, cfg)
         argv = (["--config", args.config] if args.config else []) + ["run"]
         return Group(cfg, database.dsn, processes, argv, on_ready=welcome).run()
@@ -117,7 +117,7 @@ def _print_welcome(database: Database, cfg: Config | None = None) -> None:
         if channel == "log"
         else "(its outcome in `pgwork dlq show` or the log)"
     )
-    print(
+    logs.say(
         "\npgwork is running on the embedded Postgres "
         f"(127.0.0.1:{database.server.port}, data in {database.server.data_dir}).\n"
         f"Schedule a reminder from another terminal with `{_this_command()} psql`:\n\n"
