@@ -249,7 +249,8 @@ class Metrics:
         self.source_lag = gauge(
             "pgwork_source_lag_seconds",
             "pgwork_lag_seconds per source (app): its oldest overdue occurrence, materialised or "
-            "not (0 when none); a source with nothing left to send has no series.",
+            "not (0 when none); a source with no reminder left to make and no live row due has no "
+            "series.",
             "source",
         )
         self.oldest_ready = gauge(

@@ -112,6 +112,36 @@ def _late_sources(sources: list[store.SourceLag]) -> str:
     )
 
 
+def _set_aside_table(aside: list[store.SetAside]) -> str:
+    """The reminders the materialiser cannot make, each linked to its page."""
+    if not aside:
+        return ""
+    return (
+        "<h2>Set aside</h2><p>The materialiser cannot make these reminders; fix or delete "
+        "each (its page says why).</p>"
+        + _table(
+            ["reminder", "due", "error", "since", "tries", "tried again at", "by"],
+            [
+                [
+                    _link(
+                        "/reminder",
+                        f"{a.source} {a.business_key}",
+                        source=a.source,
+                        key=a.business_key,
+                    ),
+                    _e(a.fire_at),
+                    _e(a.error),
+                    _e(a.since),
+                    _e(a.tries),
+                    _e(a.next_try_at),
+                    _e(a.daemon_id),
+                ]
+                for a in aside
+            ],
+        )
+    )
+
+
 def _table(headings: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     """Cells are HTML already (escaped by the caller)."""
     head = "".join(f"<th>{_e(h)}</th>" for h in headings)
@@ -334,36 +364,6 @@ class WebApp:
 
     # -- pages ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _set_aside(aside: list[store.SetAside]) -> str:
-        """The reminders the materialiser cannot make, each linked to its page."""
-        if not aside:
-            return ""
-        return (
-            "<h2>Set aside</h2><p>The materialiser cannot make these reminders; fix or delete "
-            "each (its page says why).</p>"
-            + _table(
-                ["reminder", "due", "error", "since", "tries", "tried again at", "by"],
-                [
-                    [
-                        _link(
-                            "/reminder",
-                            f"{a.source} {a.business_key}",
-                            source=a.source,
-                            key=a.business_key,
-                        ),
-                        _e(a.fire_at),
-                        _e(a.error),
-                        _e(a.since),
-                        _e(a.tries),
-                        _e(a.next_try_at),
-                        _e(a.daemon_id),
-                    ]
-                    for a in aside
-                ],
-            )
-        )
-
     async def overview(self, request: web.Request) -> web.Response:
         async with self.pool.connection() as conn:
             # What the gauges read (each query bounded by live rows or dead letters), and more.
@@ -407,7 +407,7 @@ class WebApp:
             f" · not yet materialised {lag.unmaterialised_seconds:.1f} s"
             f" · materialiser cutoff {_e(mat.last_cutoff)}</p>"
             + _late_sources(reading.sources)
-            + self._set_aside(aside)
+            + _set_aside_table(aside)
             + "<h2>Channels</h2>"
             + _table(
                 [
