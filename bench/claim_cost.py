@@ -105,7 +105,9 @@ async def drain(dsn: str, batch: int, total: int) -> dict[str, Any]:
         "batch": batch,
         "rows": total,
         "pg_us_per_claim_by_tenth": tenths,
-        "last_to_first": round(tenths[-1] / tenths[0], 2),
+        # /proc counts CPU in clock ticks (10 ms here): a tenth of a small drain (the smoke's)
+        # can read none, and then there is no ratio to give.
+        "last_to_first": round(tenths[-1] / tenths[0], 2) if tenths[0] else None,
     }
 
 
