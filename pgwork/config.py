@@ -501,6 +501,11 @@ class Config:
     #: `pgwork migrate` registers them.
     channels_configured: bool = False
 
+    def expire_after(self) -> dict[str, float | None]:
+        """Each configured channel's ``expire_after``, seconds (None: never): what explains a
+        row that its next claim will close unsent (``pgwork reminder``, the web page)."""
+        return {name: c.expire_after for name, c in self.channels.items()}
+
 
 # The top-level options, derived from the declarations above: option path -> (Config field,
 # or "retention.<RetentionPolicy field>", kind), then their choices and bounds.

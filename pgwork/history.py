@@ -4,7 +4,8 @@ attempts, and what retention kept of older ones (``pgwork reminder``, the web pa
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,6 +13,7 @@ import psycopg
 
 from . import store
 from .db import one_rows_doing
+from .durations import say_duration
 from .store import Conn
 
 #: How many occurrences (work rows, tombstones) are shown, the latest first.
@@ -36,6 +38,33 @@ class History:
     upcoming_error: str | None = None
     #: A daemon's record of setting it aside (``pgwork.set_aside``), while it stays unmade.
     set_aside: dict[str, Any] | None = None
+    #: Sessions whose open transaction holds its row: the materialiser skips it until they end.
+    locked_by: list[dict[str, Any]] = field(default_factory=list)
+
+    def locked_text(self) -> str | None:
+        """Who holds its row, as the materialiser's wait is explained to an operator."""
+        if not self.locked_by:
+            return None
+        who = "; ".join(
+            f"pid {h['pid']}"
+            + "".join(
+                f" {label} {h[k]}"
+                for label, k in (("role", "role"), ("app", "application_name"))
+                if h[k]
+            )
+            + (f" from {h['client_addr']}" if h["client_addr"] else "")
+            + (f", {h['state']}" if h["state"] else "")
+            + (
+                f", transaction open since {h['xact_start'].isoformat(sep=' ', timespec='seconds')}"
+                if h["xact_start"]
+                else ""
+            )
+            for h in self.locked_by
+        )
+        return (
+            f"row locked by {who}: the materialiser skips it (its due sends wait) until that "
+            "transaction ends"
+        )
 
     def set_aside_text(self) -> str | None:
         """Who set it aside, since when, and when it is tried again."""
@@ -62,6 +91,7 @@ class History:
             "upcoming": self.upcoming,
             "upcoming_error": self.upcoming_error,
             "set_aside": self.set_aside,
+            "locked_by": self.locked_by,
             "occurrences": self.occurrences,
             "retired": self.retired,
         }
@@ -72,15 +102,31 @@ def took_ms(took: timedelta | None) -> str | None:
     return None if took is None else f"{took.total_seconds() * 1000:.0f} ms"
 
 
-def state(row: dict[str, Any], now: datetime, channel: store.ChannelState | None = None) -> str:
+def state(
+    row: dict[str, Any],
+    now: datetime,
+    channel: store.ChannelState | None = None,
+    expire_after: float | None = None,
+) -> str:
     """A work row's status, saying when a ready row is not claimable yet: a look-ahead row
     before its due time, a retry before its next try, or its channel (``channel``) paused or
-    throttled."""
+    throttled; and when it will not be sent at all: past its channel's ``expire_after``
+    (seconds, as the daemon's config says) by the time it can be claimed."""
     if row["status"] != store.Status.READY:
         return str(row["status"])
     base = "ready"
     if row["available_at"] > now:
         base = "retry waiting" if row["attempts"] else "ready, not yet due"
+    if expire_after is not None:
+        # As the claim decides: from the later of its due time and its last redrive.
+        since = max(t for t in (row["due_at"], row["redriven_at"]) if t is not None)
+        ends = since + timedelta(seconds=expire_after)
+        if ends < max(now, row["available_at"]):
+            base += (
+                f", past its channel's expire_after ({say_duration(expire_after)}) since "
+                f"{ends.isoformat(sep=' ', timespec='seconds')}: its next claim closes it as "
+                "expired, not sent"
+            )
     if channel is not None and channel.paused:
         return (
             f"{base}, channel {channel.name} PAUSED: {channel.paused_reason or 'no reason given'}"
@@ -92,8 +138,16 @@ def state(row: dict[str, Any], now: datetime, channel: store.ChannelState | None
 
 
 async def reminder_history(
-    conn: Conn, *, source: str, business_key: str, limit: int = DEFAULT_LIMIT
+    conn: Conn,
+    *,
+    source: str,
+    business_key: str,
+    limit: int = DEFAULT_LIMIT,
+    expire_after: Mapping[str, float | None] | None = None,
 ) -> History:
+    """``expire_after``: each channel's, in seconds, from the config (the daemon's setting, not
+    stored in the database); a channel missing from it is not judged."""
+    expiries = expire_after or {}
     reminder = await store.history_reminder(conn, source=source, business_key=business_key)
     rid = reminder["id"] if reminder else None
     upcoming: list[dict[str, Any]] = []
@@ -125,7 +179,7 @@ async def reminder_history(
     occurrences = [
         {
             **w,
-            "state": state(w, now, channels.get(w["channel"])),
+            "state": state(w, now, channels.get(w["channel"]), expiries.get(w["channel"])),
             "attempts_ledger": ledger[w["id"]],
         }
         for w in work
@@ -138,6 +192,7 @@ async def reminder_history(
     ]
     retired = await store.history_retired(conn, reminder_id=rid, limit=limit) if rid else []
     aside = await store.set_aside_list(conn, reminder_id=rid, limit=1) if rid else []
+    locked_by = await store.history_lockers(conn, reminder_id=rid) if rid else []
     return History(
         source,
         business_key,
@@ -148,4 +203,5 @@ async def reminder_history(
         now,
         upcoming_error,
         asdict(aside[0]) if aside else None,
+        locked_by,
     )

@@ -491,9 +491,13 @@ class ChannelState:
     paused_at: datetime | None
     paused_by: str | None
     paused_reason: str | None
+    #: The throttle stops a claim now: held until its Retry-After, or its limit all taken.
     throttled: bool
     throttled_for_seconds: float | None
+    #: Rows it may have claimed at once after a throttle (None: no limit); each success
+    #: raises it by one, and it is lifted at ``throttle_from``.
     throttle_limit: int | None
+    throttle_from: int | None
     throttle_reason: str | None
     global_concurrency: int | None
     rate_limit: float | None
@@ -501,6 +505,11 @@ class ChannelState:
     catch_up: str
     claimed: int
     next_retry_at: datetime | None
+
+    @property
+    def recovering(self) -> bool:
+        """Claiming again after a throttle, under a limit not reached yet."""
+        return self.throttle_limit is not None and not self.throttled
 
 
 async def channel_states(conn: Conn) -> list[ChannelState]:
@@ -1245,6 +1254,11 @@ async def history_reminder(conn: Conn, *, source: str, business_key: str) -> dic
 async def history_upcoming(conn: Conn, *, source: str, business_key: str) -> list[dict[str, Any]]:
     """Its next occurrences and where each stands (``pgwork.reminder_status``)."""
     return await _dicts(conn, "history_upcoming", {"source": source, "business_key": business_key})
+
+
+async def history_lockers(conn: Conn, *, reminder_id: int) -> list[dict[str, Any]]:
+    """The sessions whose open transaction holds its row (the materialiser skips it meanwhile)."""
+    return await _dicts(conn, "history_lockers", {"reminder_id": reminder_id})
 
 
 async def history_work(

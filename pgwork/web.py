@@ -381,12 +381,17 @@ class WebApp:
                 state = f'<span class="bad">PAUSED</span> {_e(c.paused_reason)} ({_e(c.paused_by)})'
             elif c.throttled:
                 state = f'<span class="bad">THROTTLED</span> {_e(c.throttle_reason)}'
+            elif c.recovering:
+                state = (
+                    f'<span class="ok">running</span> recovering from a throttle: at most '
+                    f"{_e(c.throttle_limit)} claimed at once"
+                )
             else:
                 state = '<span class="ok">running</span>'
             n = counts.get(c.name, {})
             action = (
                 self._action_form(request, f"/channel/{c.name}/resume", "resume")
-                if c.paused or c.throttled
+                if c.paused or c.throttle_limit is not None or c.throttled
                 else self._action_form(request, f"/channel/{c.name}/pause", "pause", reason=True)
             )
             rows.append(
@@ -590,7 +595,9 @@ class WebApp:
         if source is None or key is None:
             return self._page(request, "Reminder", form)
         async with self.pool.connection() as conn:
-            h = await reminder_history(conn, source=source, business_key=key)
+            h = await reminder_history(
+                conn, source=source, business_key=key, expire_after=self.cfg.expire_after()
+            )
         if self._param(request, "format") == "json":
             return web.Response(
                 text=json.dumps(self._redacted(h), default=_json_value),
@@ -660,6 +667,7 @@ class WebApp:
                     if h.set_aside is not None
                     else ""
                 )
+                + (f"<p><b>Held</b>: {_e(h.locked_text())}</p>" if h.locked_by else "")
                 + _table(
                     ["send at", "deadline", "before", "status"],
                     [

@@ -1042,6 +1042,107 @@ async def test_a_reminder_waiting_on_a_paused_channel_says_so(
     assert "PAUSED" not in pgwork("reminder", "test", "held", dsn=dsn).stdout
 
 
+async def test_a_reminder_held_by_an_apps_open_transaction_names_the_holder(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The materialiser skips a due reminder whose row an app's transaction holds (it must not
+    wait on an app), and the only trace was a warning in one daemon's log after ten seconds.
+    `pgwork reminder` names the session holding it (pid, role, application, since when), in
+    text and JSON, and stops naming it once that transaction ends."""
+    await add(conn, "held", "now() - interval '1 minute'", channel="log")
+    app = await psycopg.AsyncConnection.connect(dsn, application_name="billing-app")
+    try:
+        await app.execute("BEGIN")
+        await app.execute(
+            "UPDATE pgwork.reminder SET payload = '{\"v\": 2}' WHERE business_key = 'held'"
+        )
+        pid = app.info.backend_pid
+        assert (await materialise(dsn)).left_locked  # skipped, as designed
+        text = pgwork("reminder", "test", "held", dsn=dsn).stdout
+        assert f"row locked by pid {pid}" in text and "billing-app" in text, text
+        assert "idle in transaction" in text, text
+        (holder,) = json.loads(pgwork("reminder", "test", "held", "--json", dsn=dsn).stdout)[
+            "locked_by"
+        ]
+        assert holder["pid"] == pid and holder["application_name"] == "billing-app", holder
+        await app.execute("COMMIT")
+    finally:
+        await app.close()
+    assert "locked" not in pgwork("reminder", "test", "held", dsn=dsn).stdout
+    assert (
+        json.loads(pgwork("reminder", "test", "held", "--json", dsn=dsn).stdout)["locked_by"] == []
+    )
+
+
+async def test_a_row_past_its_channels_expire_after_says_it_will_be_closed_unsent(
+    dsn: str, conn: psycopg.AsyncConnection[Any], tmp_path: Path
+) -> None:
+    """A ready row older than its channel's `expire_after` is closed as `expired` by its next
+    claim, never sent; `pgwork reminder` showed it as plain `ready`. It says so, with the instant
+    it stopped being sendable, in text and JSON; a row within it says nothing of the kind."""
+    await add(conn, "stale", "now() - interval '2 hours'", channel="log")
+    await add(conn, "fresh", "now() - interval '10 minutes'", channel="log")
+    await materialise(dsn)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[channels.log]\nkind = "log"\nexpire_after = "1h"\n')
+    text = pgwork("--config", str(cfg), "reminder", "test", "stale", dsn=dsn).stdout
+    assert "past its channel's expire_after (1h)" in text, text
+    assert "its next claim closes it as expired, not sent" in text, text
+    (work,) = json.loads(
+        pgwork("--config", str(cfg), "reminder", "test", "stale", "--json", dsn=dsn).stdout
+    )["occurrences"]
+    assert "past its channel's expire_after" in work["state"], work
+    fresh = pgwork("--config", str(cfg), "reminder", "test", "fresh", dsn=dsn).stdout
+    assert "expire_after" not in fresh, fresh
+    # Without the channel's setting in this config, nothing is claimed about it.
+    assert "expire_after" not in pgwork("reminder", "test", "stale", dsn=dsn).stdout
+
+
+async def test_a_throttle_that_holds_nothing_back_is_told_as_recovering_not_throttled(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Once a throttle's hold has passed, the channel claims again under a reduced limit that
+    each success raises; with little traffic the limit stays, and `channel list`, the
+    `pgwork_channel_throttled` gauge (the same statement) and a waiting row said THROTTLED
+    minutes after the last attempt, while rows were claimed at once. THROTTLED now means the
+    throttle stops a claim now: held until its `Retry-After`, or its limit all taken; otherwise
+    the channel is `running`, recovering, with its limit in the why."""
+    for key in ("a", "b", "c"):
+        await add(conn, key, "now() - interval '1 minute'")
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.channel SET not_before = now() - interval '5 minutes', throttle_limit = 3, "
+        "throttle_from = 8, throttled_at = now() - interval '6 minutes', "
+        "throttle_reason = 'HTTP 429 from the receiver' WHERE name = 'test'"
+    )
+
+    def listed() -> dict[str, Any]:
+        rows: list[dict[str, Any]] = json.loads(pgwork("channel", "list", "--json", dsn=dsn).stdout)
+        (row,) = [c for c in rows if c["name"] == "test"]
+        return row
+
+    row = listed()
+    assert row["state"] == "running" and not row["throttled"], row
+    assert "recovering" in row["why"] and "at most 3 claimed at once" in row["why"], row
+    assert "THROTTLED" not in pgwork("reminder", "test", "c", dsn=dsn).stdout
+
+    # Its limit all taken by live leases: a claim takes nothing now, so it is THROTTLED.
+    await conn.execute("UPDATE pgwork.channel SET throttle_limit = 2 WHERE name = 'test'")
+    assert len(await claim(dsn, limit=2)) == 2
+    row = listed()
+    assert row["state"] == "THROTTLED" and row["throttled"], row
+    assert "2 of at most 2 claimed" in row["why"], row
+    assert "THROTTLED" in pgwork("reminder", "test", "c", dsn=dsn).stdout
+
+    # Held until its Retry-After: THROTTLED whatever the count.
+    await conn.execute(
+        "UPDATE pgwork.channel SET not_before = now() + interval '1 minute', "
+        "throttle_limit = 5 WHERE name = 'test'"
+    )
+    row = listed()
+    assert row["state"] == "THROTTLED" and "held" in row["why"], row
+
+
 def test_a_build_is_named_by_its_files(tmp_path: Path) -> None:
     """Every build said `pgwork 0.1.0`, and the step-aside handshake and `migrate --wait` name
     daemons by it: old and new looked alike. The version carries a digest of the package's

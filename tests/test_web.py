@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from pgwork import db, web
+from pgwork.config import ChannelConfig
 from pgwork.duties import materialise as materialiser
 
 from .browser import CHROMIUM, Browser
@@ -92,9 +93,9 @@ async def _seed(dsn: str, conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
 
 
 @asynccontextmanager
-async def _serving(dsn: str, **cfg: Any) -> AsyncIterator[str]:
+async def _serving(dsn: str, *channels: ChannelConfig, **cfg: Any) -> AsyncIterator[str]:
     """The page on a free port, served by the code `pgwork web` runs; stopped on exit."""
-    c = config(web_listen="127.0.0.1:0", **cfg)
+    c = config(*channels, web_listen="127.0.0.1:0", **cfg)
     pool = db.make_pool(dsn, 2, 5.0)
     async with pool, anyio.create_task_group() as tg:
         at = await tg.start(web.serve, pool, c)
@@ -515,6 +516,36 @@ async def test_a_reminder_set_aside_for_an_unknown_zone_has_a_page_that_says_why
             doc = await r.json()
     assert 'time zone "Mars/Olympus"' in doc["upcoming_error"]
     assert doc["set_aside"]["daemon_id"] == "d-web" and doc["set_aside"]["tries"] == 1
+
+
+async def test_a_reminder_page_names_the_lock_holder_and_a_row_past_expire_after(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The page said nothing of the two waits `pgwork reminder` now explains: a due reminder
+    whose row an app's open transaction holds (the materialiser skips it) and a ready row past
+    its channel's `expire_after` (closed unsent at its next claim)."""
+    await conn.execute(
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) VALUES "
+        "('s', 'stale', now() - interval '2 hours', 'log', 'r'), "
+        "('s', 'held', now() - interval '1 minute', 'log', 'r')"
+    )
+    await materialise(dsn, lookahead=0)
+    log = ChannelConfig(name="log", kind="log", expire_after=3600.0)
+    app = await psycopg.AsyncConnection.connect(dsn, application_name="billing-app")
+    try:
+        await app.execute("BEGIN")
+        await app.execute("SELECT 1 FROM pgwork.reminder WHERE business_key = 'held' FOR UPDATE")
+        async with _serving(dsn, log) as url, _client() as s:
+            _, html = await _get(s, f"{url}/reminder?source=s&key=stale")
+            assert "past its channel&#x27;s expire_after (1h)" in html, html
+            _, html = await _get(s, f"{url}/reminder?source=s&key=held")
+            assert f"row locked by pid {app.info.backend_pid}" in html, html
+            assert "billing-app" in html, html
+            async with s.get(f"{url}/reminder?source=s&key=held&format=json") as r:
+                doc = await r.json()
+        assert [h["pid"] for h in doc["locked_by"]] == [app.info.backend_pid], doc
+    finally:
+        await app.close()
 
 
 async def test_the_reminder_page_writes_intervals_as_postgresql_does(

@@ -42,8 +42,20 @@ def channel_row(c: store.ChannelState) -> dict[str, Any]:
         )
     elif c.throttled:
         state = "THROTTLED"
-        why = f"{c.throttle_reason or ''}; held {c.throttled_for_seconds or 0:.1f}s more" + (
-            f", at most {c.throttle_limit} claimed" if c.throttle_limit else ""
+        if c.throttled_for_seconds:
+            why = f"{c.throttle_reason or ''}; held {c.throttled_for_seconds:.1f}s more" + (
+                f", then at most {c.throttle_limit} claimed at once" if c.throttle_limit else ""
+            )
+        else:
+            why = f"{c.throttle_reason or ''}; {c.claimed} of at most {c.throttle_limit} claimed"
+    elif c.recovering:
+        state, why = (
+            "running",
+            f"recovering from a throttle ({c.throttle_reason or ''}): "
+            + (
+                f"at most {c.throttle_limit} claimed at once, one more per success, lifted at "
+                f"{c.throttle_from}"
+            ),
         )
     else:
         state, why = "running", ""

@@ -18,7 +18,11 @@ def cmd_reminder(args: argparse.Namespace, cfg: Config) -> int:
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> History:
             return await reminder_history(
-                conn, source=args.source, business_key=args.business_key, limit=args.limit
+                conn,
+                source=args.source,
+                business_key=args.business_key,
+                limit=args.limit,
+                expire_after=cfg.expire_after(),
             )
 
         h = with_conn(database.dsn, read, database.pooled)
@@ -58,6 +62,8 @@ def render(h: History) -> str:
             )
         if h.set_aside is not None:
             out.append(f"  {h.set_aside_text()}")
+        if h.locked_by:
+            out.append(f"  {h.locked_text()}")
         if h.upcoming:
             out += [
                 "",

@@ -328,15 +328,18 @@ SELECT cfg.name
                          cfg.breaker_after, cfg.breaker_probe)
 
 -- name: channel_states
--- Each channel's control state, what it holds now, and when its next retry is due.
+-- Each channel's control state, what it holds now, and when its next retry is due. Throttled: the
+-- throttle stops a claim now (held until its not_before, or its limit all taken by live leases);
+-- a limit not reached only slows the channel while successes raise it (recovering).
 SELECT c.name, c.kind, c.paused, c.paused_at, c.paused_by, c.paused_reason,
-       (c.not_before > now() OR c.throttle_limit IS NOT NULL) AS throttled,
+       coalesce(c.not_before > now(), false) OR coalesce(c.throttle_limit <= n.claimed, false) AS throttled,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS throttled_for_seconds,
-       c.throttle_limit, c.throttle_reason, c.global_concurrency, c.rate_limit, c.rate_burst, c.catch_up,
-       pgwork.claimed_now(c.name) AS claimed,
+       c.throttle_limit, c.throttle_from, c.throttle_reason, c.global_concurrency, c.rate_limit, c.rate_burst,
+       c.catch_up, n.claimed,
        (SELECT min(q.available_at) FROM pgwork.work_ready q JOIN pgwork.renewal_work w ON w.id = q.work_id
          WHERE q.channel = c.name AND w.attempts > w.attempts_base) AS next_retry_at
   FROM pgwork.channel c
+ CROSS JOIN LATERAL (SELECT pgwork.claimed_now(c.name) AS claimed) n
  ORDER BY c.name
 
 -- name: channel_pause
@@ -636,6 +639,21 @@ SELECT s.deadline, s.deadline_local, s.remind_before, s.send_at, s.status
   FROM pgwork.reminder_status s
  WHERE s.source = %(source)s AND s.business_key = %(business_key)s
  ORDER BY s.send_at
+
+-- name: history_lockers
+-- The sessions whose open transaction holds its row (an app's UPDATE or SELECT ... FOR UPDATE not
+-- committed yet): the materialiser skips a reminder it cannot lock, so its due sends wait for them.
+-- Read without taking a lock: while the holder runs, the row's xmax is its transaction id, on
+-- which it holds a granted lock. A row held by several transactions at once has a MultiXact in
+-- xmax, not resolved here (such a row is not named as held). Role, application, state and times
+-- of another role's session show only to pg_read_all_stats (pgwork_daemon has it).
+SELECT l.pid, a.usename::text AS role, a.application_name, a.client_addr::text AS client_addr,
+       a.state, a.xact_start
+  FROM pgwork.reminder r
+  JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted AND l.transactionid = r.xmax
+  LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE r.id = %(reminder_id)s AND r.xmax <> '0'::xid AND l.pid <> pg_backend_pid()
+ ORDER BY l.pid
 
 -- name: history_work_of_reminder
 -- Its work rows, the latest send first (the occurrence key's index).
