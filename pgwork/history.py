@@ -137,6 +137,35 @@ def state(
     return base
 
 
+def _at(t: datetime | None) -> str:
+    return "-" if t is None else t.isoformat(sep=" ", timespec="seconds")
+
+
+def channel_state(c: store.ChannelState) -> tuple[str, str]:
+    """A channel's state in a word (``running``, ``PAUSED``, ``THROTTLED``) and why, as
+    ``channel list``, ``status`` and the web page say it."""
+    if c.paused:
+        return "PAUSED", (
+            f"{c.paused_reason or 'no reason given'} (by {c.paused_by}, {_at(c.paused_at)})"
+        )
+    if c.throttled:
+        if c.throttled_for_seconds:
+            return "THROTTLED", (
+                f"{c.throttle_reason or ''}; held {c.throttled_for_seconds:.1f}s more"
+                + (f", then at most {c.throttle_limit} claimed at once" if c.throttle_limit else "")
+            )
+        return "THROTTLED", (
+            f"{c.throttle_reason or ''}; {c.claimed} of at most {c.throttle_limit} claimed"
+        )
+    if c.recovering:
+        return "running", (
+            f"recovering from a throttle ({c.throttle_reason or ''}): at most "
+            f"{c.throttle_limit} claimed at once, one more per success, lifted at "
+            f"{c.throttle_from}"
+        )
+    return "running", ""
+
+
 async def reminder_history(
     conn: Conn,
     *,

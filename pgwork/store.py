@@ -498,6 +498,8 @@ class ChannelState:
     #: raises it by one, and it is lifted at ``throttle_from``.
     throttle_limit: int | None
     throttle_from: int | None
+    #: When a receiver last throttled it (or the breaker tripped).
+    throttled_at: datetime | None
     throttle_reason: str | None
     global_concurrency: int | None
     rate_limit: float | None
@@ -976,6 +978,7 @@ async def dlq_redrive(
     operator: str,
     since: timedelta | None = None,
     reason_like: str | None = None,
+    source: str | None = None,
 ) -> list[Redriven]:
     return await _rows(
         conn,
@@ -985,6 +988,7 @@ async def dlq_redrive(
             "all": all,
             "ids": ids,
             "channel": channel,
+            "source": source,
             "operator": operator,
             "since": since,
             "reason_like": reason_like,
@@ -1025,6 +1029,7 @@ async def dead_page(
     reason_like: str | None,
     before: tuple[datetime, int] | None,
     limit: int,
+    since: timedelta | None = None,
 ) -> list[dict[str, Any]]:
     """One keyset page of dead letters, newest first (``before``: the last row's finished_at and
     id; None: the first page)."""
@@ -1035,11 +1040,24 @@ async def dead_page(
         {
             "channel": channel,
             "source": source,
+            "since": since,
             "reason_like": reason_like,
             "before_at": at,
             "before_id": id_,
             "limit": limit,
         },
+    )
+
+
+async def reminders_page(
+    conn: Conn, *, source: str, prefix: str, after: str, limit: int, scan: int = 2000
+) -> list[dict[str, Any]]:
+    """A source's reminders whose key starts with ``prefix``, by key, after ``after`` ('' for
+    the first page), each with its latest work row's status."""
+    return await _dicts(
+        conn,
+        "reminders_page",
+        {"source": source, "prefix": prefix, "after": after, "limit": limit, "scan": scan},
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import anyio
+import psycopg
 from aiohttp import web
 from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
@@ -33,9 +34,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import build, store
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
-from .durations import interval_text
+from .durations import interval_text, parse_duration
 from .duties import gauges
-from .history import History, reminder_history, took_ms
+from .history import History, channel_state, reminder_history, took_ms
 from .logs import personal_as
 
 log = logging.getLogger("pgwork.web")
@@ -47,6 +48,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PAGE = 50
 #: The reminders set aside the overview lists (status lists up to 100).
 OVERVIEW_SET_ASIDE = 20
+#: Seconds between reloads of the overview (``?refresh=0``: none).
+OVERVIEW_REFRESH = 15
 CSRF_COOKIE = "pgwork_csrf"
 #: A CSRF token made for this request (the browser had none): the response sets it as a cookie.
 NEW_CSRF = web.RequestKey("pgwork_new_csrf", str)
@@ -142,6 +145,26 @@ def _set_aside_table(aside: list[store.SetAside]) -> str:
     )
 
 
+def _ago(t: datetime | None, now: datetime) -> str:
+    """``t`` as escaped text with how long ago (or how soon) it is, for an operator scanning a
+    page: ``2026-12-05 17:04:04+00:00 (3 min ago)``."""
+    if t is None:
+        return ""
+    secs = (now - t).total_seconds()
+    n, unit = abs(secs), "s"
+    for size, name in ((86400, "d"), (3600, "h"), (60, "min")):
+        if n >= size:
+            n, unit = n / size, name
+            break
+    amount = f"{n:.0f} {unit}"
+    return f"{_e(t)} ({amount} ago)" if secs >= 0 else f"{_e(t)} (in {amount})"
+
+
+def _channel_state(c: store.ChannelState) -> str:
+    word, why = channel_state(c)
+    return f'<span class="{"ok" if word == "running" else "bad"}">{word}</span> {_e(why)}'
+
+
 def _table(headings: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     """Cells are HTML already (escaped by the caller)."""
     head = "".join(f"<th>{_e(h)}</th>" for h in headings)
@@ -180,9 +203,12 @@ class WebApp:
                 web.get("/work/{id:[0-9]{1,18}}", self.work),
                 web.get("/dead", self.dead),
                 web.get("/reminder", self.reminder),
+                web.get("/reminders", self.reminders),
+                web.get("/retrying", self.retrying),
                 web.post("/login", self.login),
                 web.post("/logout", self.logout),
                 web.post("/work/{id:[0-9]{1,18}}/redrive", self.redrive),
+                web.post("/dead/redrive", self.redrive_filtered),
                 web.post("/channel/{name}/pause", self.pause),
                 web.post("/channel/{name}/resume", self.resume),
             ]
@@ -295,7 +321,16 @@ class WebApp:
     def _personal(self, value: str | None) -> str:
         return _e(personal_as(value, self.redact) if value is not None else None)
 
-    def _page(self, request: web.Request, title: str, body: str, status: int = 200) -> web.Response:
+    def _page(
+        self,
+        request: web.Request,
+        title: str,
+        body: str,
+        status: int = 200,
+        refresh: int | None = None,
+    ) -> web.Response:
+        """The page around ``body``; ``refresh``: reload every that many seconds (an overview
+        left open on a screen), unless the URL says ``refresh=0``."""
         csrf = self._csrf(request)
         if self.token is None:
             who = '<span class="note">actions off (no web.token)</span>'
@@ -314,8 +349,15 @@ class WebApp:
             )
         html = (
             "<!doctype html><html lang=en><head><meta charset=utf-8>"
-            f"<title>{_e(title)} · pgwork</title><style>{STYLE}</style></head><body>"
-            f'<header><a href="/">pgwork</a><a href="/dead">dead letters</a><a href="/reminder">a reminder</a>'
+            + (
+                f'<meta http-equiv="refresh" content="{refresh}">'
+                if refresh and request.query.get("refresh") != "0"
+                else ""
+            )
+            + f"<title>{_e(title)} · pgwork</title><style>{STYLE}</style></head><body>"
+            '<header><a href="/">pgwork</a><a href="/reminders">reminders</a>'
+            '<a href="/retrying">retrying</a><a href="/dead">dead letters</a>'
+            '<a href="/reminder">a reminder</a>'
             f'<span style="float:right">{who}</span></header>'
             f"<main><h1>{_e(title)}</h1>{body}</main>"
             f'<footer class="note" style="padding:0 1.2em">pgwork {_e(build.version())}</footer>'
@@ -371,29 +413,16 @@ class WebApp:
             aside = await store.set_aside_list(conn, limit=OVERVIEW_SET_ASIDE)
             daemons = await store.daemons(conn)
             mat = await store.materialiser_state(conn)
+            now = await store.db_now(conn)
         lag, channels, retention = reading.lag, reading.channels, reading.retention
         counts: dict[str, dict[str, int]] = {}
         for s in reading.states:
             counts.setdefault(s.channel, {})[s.status] = s.n
         rows = []
         for c in channels:
-            if c.paused:
-                state = f'<span class="bad">PAUSED</span> {_e(c.paused_reason)} ({_e(c.paused_by)})'
-            elif c.throttled:
-                state = f'<span class="bad">THROTTLED</span> {_e(c.throttle_reason)}'
-            elif c.recovering:
-                state = (
-                    f'<span class="ok">running</span> recovering from a throttle: at most '
-                    f"{_e(c.throttle_limit)} claimed at once"
-                )
-            else:
-                state = '<span class="ok">running</span>'
+            state = _channel_state(c)
             n = counts.get(c.name, {})
-            action = (
-                self._action_form(request, f"/channel/{c.name}/resume", "resume")
-                if c.paused or c.throttle_limit is not None or c.throttled
-                else self._action_form(request, f"/channel/{c.name}/pause", "pause", reason=True)
-            )
+            action = self._channel_action(request, c)
             rows.append(
                 [
                     _link(f"/channel/{c.name}", c.name),
@@ -403,7 +432,7 @@ class WebApp:
                     _link(f"/channel/{c.name}", n.get("waiting", 0), status="ready"),
                     _link(f"/channel/{c.name}", n.get("claimed", 0), status="claimed"),
                     _link("/dead", n.get("dead", 0), channel=c.name),
-                    _e(c.next_retry_at),
+                    _ago(c.next_retry_at, now),
                     action,
                 ]
             )
@@ -436,7 +465,7 @@ class WebApp:
                         _e(d.id),
                         '<span class="bad">GONE</span>' if d.gone else "running",
                         _e(d.version),
-                        _e(d.started_at),
+                        _ago(d.started_at, now),
                         _e(round(d.heartbeat_age_seconds, 1)),
                         "off" if d.listener_up is None else ("up" if d.listener_up else "DOWN"),
                         _e(d.metrics_at),
@@ -446,10 +475,16 @@ class WebApp:
             )
             + "<h2>Retention</h2>"
             + f"<p>{'<b>PAUSED</b> · ' if retention.paused else ''}last pass "
-            f"{_e(retention.last_pass_at) or 'never'} · deleted {retention.total_deleted} in total"
+            f"{_ago(retention.last_pass_at, now) or 'never'} · deleted {retention.total_deleted} in total"
             f" · oldest kept {_e(_round(retention.oldest_terminal_age_seconds))} s</p>"
         )
-        return self._page(request, "Overview", body)
+        return self._page(request, "Overview", body, refresh=OVERVIEW_REFRESH)
+
+    def _channel_action(self, request: web.Request, c: store.ChannelState) -> str:
+        """Resume a paused or throttled channel (it lifts a throttle's limit too), else pause."""
+        if c.paused or c.throttled or c.throttle_limit is not None:
+            return self._action_form(request, f"/channel/{c.name}/resume", "resume")
+        return self._action_form(request, f"/channel/{c.name}/pause", "pause", reason=True)
 
     async def channel(self, request: web.Request) -> web.Response:
         name = self._channel_name(request)
@@ -463,11 +498,48 @@ class WebApp:
                 self._id_param(request, "after_id"),
             )
         async with self.pool.connection() as conn:
-            if not await store.channel_exists(conn, name):
+            known = [c for c in await store.channel_states(conn) if c.name == name]
+            if not known:
                 raise web.HTTPNotFound(text=f"pgwork: no channel {name!r}")
             got = await store.live_page(
                 conn, channel=name, statuses=statuses, after=after, limit=PAGE
             )
+            now = await store.db_now(conn)
+        c = known[0]
+        since = (
+            c.paused_at if c.paused else c.throttled_at if c.throttle_limit or c.throttled else None
+        )
+        head = (
+            "<table>"
+            + "".join(
+                f"<tr><th>{k}</th><td>{v}</td></tr>"
+                for k, v in [
+                    ("kind", _e(c.kind)),
+                    ("state", _channel_state(c) + " " + self._channel_action(request, c)),
+                    ("state changed", f"since {_ago(since, now)}" if since else ""),
+                    ("claimed now", _e(c.claimed)),
+                    (
+                        "limits",
+                        _e(
+                            ", ".join(
+                                f"{k} {v}"
+                                for k, v in (
+                                    ("global concurrency", c.global_concurrency),
+                                    ("rate limit /s", c.rate_limit),
+                                    ("throttle limit", c.throttle_limit),
+                                )
+                                if v is not None
+                            )
+                            or "none"
+                        ),
+                    ),
+                    ("catch-up", _e(c.catch_up)),
+                    ("next retry", _ago(c.next_retry_at, now)),
+                ]
+                if v  # a time that is not set is left out
+            )
+            + "</table>"
+        )
         table = _table(
             [
                 "id",
@@ -510,9 +582,11 @@ class WebApp:
                 for s, label in (("", "live"), ("ready", "ready"), ("claimed", "claimed"))
             )
             + " · "
+            + _link("/retrying", "retrying", channel=name)
+            + " · "
             + _link("/dead", "dead", channel=name)
         )
-        return self._page(request, f"Channel {name}", f"<p>{tabs}</p>{table}<p>{more}</p>")
+        return self._page(request, f"Channel {name}", f"{head}<p>{tabs}</p>{table}<p>{more}</p>")
 
     async def work(self, request: web.Request) -> web.Response:
         work_id = int(request.match_info["id"])
@@ -733,10 +807,21 @@ class WebApp:
             )
         return "".join(parts)
 
+    @staticmethod
+    def _since(value: str | None) -> timedelta | None:
+        if value is None:
+            return None
+        try:
+            return timedelta(seconds=parse_duration(value))
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=f"pgwork: since: {e}") from None
+
     async def dead(self, request: web.Request) -> web.Response:
         channel = self._param(request, "channel")
         source = self._param(request, "source")
         reason = self._param(request, "reason")
+        since_text = self._param(request, "since")
+        since = self._since(since_text)
         before = None
         if request.query.get("before_id"):
             before = (self._time_param(request, "before_at"), self._id_param(request, "before_id"))
@@ -748,14 +833,19 @@ class WebApp:
                 reason_like=f"%{reason}%" if reason else None,
                 before=before,
                 limit=PAGE,
+                since=since,
             )
         filters = (
             '<form method="get" action="/dead">'
             f'<input name="channel" placeholder="channel" value="{_e(channel)}"> '
             f'<input name="source" placeholder="source" value="{_e(source)}"> '
             f'<input name="reason" placeholder="reason contains" value="{_e(reason)}"> '
+            f'<input name="since" placeholder="dead within (2h)" value="{_e(since_text)}"> '
             "<button>filter</button></form>"
         )
+        filtered = {"channel": channel, "source": source, "reason": reason, "since": since_text}
+        if got and any(filtered.values()):
+            filters += self._bulk_form(request, filtered, "redrive all that match…")
         table = _table(
             [
                 "id",
@@ -792,6 +882,7 @@ class WebApp:
                 channel=channel,
                 source=source,
                 reason=reason,
+                since=since_text,
                 before_at=last["finished_at"].isoformat(),
                 before_id=last["id"],
             )
@@ -842,6 +933,168 @@ class WebApp:
         if verdict != "ok":
             raise web.HTTPConflict(text=f"pgwork: not redriven: work {work_id} is {verdict}")
         raise web.HTTPSeeOther(f"/work/{work_id}")
+
+    def _bulk_form(
+        self,
+        request: web.Request,
+        filtered: dict[str, str | None],
+        label: str,
+        confirm: int | None = None,
+    ) -> str:
+        """A signed-in operator's form that redrives what the dead-letter filter selects; with
+        ``confirm``, the count the operator agrees to."""
+        if not self._signed_in(request):
+            return ""
+        fields = "".join(
+            f'<input type="hidden" name="{k}" value="{_e(v or "")}">' for k, v in filtered.items()
+        )
+        if confirm is not None:
+            fields += f'<input type="hidden" name="confirm" value="{confirm}">'
+        return (
+            '<form method="post" action="/dead/redrive">'
+            f'<input type="hidden" name="csrf" value="{_e(self._csrf(request))}">'
+            f"{fields}<button>{_e(label)}</button></form>"
+        )
+
+    async def redrive_filtered(self, request: web.Request) -> web.Response:
+        """Redrive what a dead-letter filter selects. The redrive runs in a transaction: it is
+        rolled back unless the operator confirmed the count it makes, so the first answer is a
+        page that states that count and asks, and a count that changed meanwhile asks again."""
+        form = await self._action(request)
+        filtered: dict[str, str | None] = {
+            k: form.get(k, "").strip()[:MAX_PARAM] or None
+            for k in ("channel", "source", "reason", "since")
+        }
+        since = self._since(filtered["since"])
+        said = " · ".join(f"{k} {v}" for k, v in filtered.items() if v) or "every dead letter"
+        actor = self._actor(request)
+        done = -1
+        async with self.pool.connection() as conn:
+            async with conn.transaction() as tx:
+                got = await store.dlq_redrive(
+                    conn,
+                    all=True,
+                    ids=[],
+                    channel=filtered["channel"],
+                    source=filtered["source"],
+                    since=since,
+                    reason_like=f"%{filtered['reason']}%" if filtered["reason"] else None,
+                    operator=actor,
+                )
+                n = sum(1 for g in got if g.verdict == "ok")
+                if form.get("confirm") != str(n):
+                    raise psycopg.Rollback(tx)
+                done = n
+        left = len(got) - n
+        if done < 0:
+            changed = "confirm" in form
+            body = (
+                ("<p><b>The count changed since you were asked.</b></p>" if changed else "")
+                + f"<p>{n} dead letter{'' if n == 1 else 's'} match ({_e(said)}). Each gets a "
+                "fresh attempt budget and keeps its operation id.</p>"
+                + (
+                    f"<p>{left} more match but stay dead: their reminder was cancelled or moved "
+                    "since.</p>"
+                    if left
+                    else ""
+                )
+                + (self._bulk_form(request, filtered, f"redrive these {n}", confirm=n) if n else "")
+                + "<p>"
+                + _link("/dead", "← back to the dead letters", **filtered)
+                + "</p>"
+            )
+            return self._page(request, "Redrive dead letters", body, 409 if changed else 200)
+        log.info(
+            "web: bulk redrive (%s) by %s: %d redriven, %d left dead (reminder cancelled or moved)",
+            said,
+            actor,
+            done,
+            left,
+            extra={"actor": actor, "filter": said, "redriven": done, "left": left},
+        )
+        raise web.HTTPSeeOther("/dead?" + urlencode({k: v for k, v in filtered.items() if v}))
+
+    async def reminders(self, request: web.Request) -> web.Response:
+        """A source's reminders, by a key prefix if given, one keyset page at a time."""
+        source = self._param(request, "source")
+        prefix = self._param(request, "prefix") or ""
+        after = self._param(request, "after") or ""
+        form = (
+            '<form method="get" action="/reminders">'
+            f'<input name="source" placeholder="source" value="{_e(source)}" required> '
+            f'<input name="prefix" placeholder="key starts with" value="{_e(prefix)}"> '
+            "<button>find</button></form>"
+        )
+        if source is None:
+            return self._page(request, "Reminders", form)
+        async with self.pool.connection() as conn:
+            got = await store.reminders_page(
+                conn, source=source, prefix=prefix, after=after, limit=PAGE
+            )
+        if not got:
+            return self._page(request, "Reminders", form + "<p>No reminders match.</p>")
+        table = _table(
+            ["business key", "channel", "due", "recur", "paused", "latest send", "its status"],
+            [
+                [
+                    _link(
+                        "/reminder",
+                        personal_as(r["business_key"], self.redact),
+                        source=source,
+                        key=r["business_key"],
+                    ),
+                    _link(f"/channel/{r['channel']}", r["channel"]),
+                    _e(r["due_at"])
+                    if r["due_local"] is None
+                    else f"{_e(r['due_local'])} {_e(r['due_tz'])}",
+                    _e(r["recur"]),
+                    "PAUSED" if r["paused"] else "",
+                    _e(r["last_send_at"]),
+                    _e(r["last_status"]),
+                ]
+                for r in got
+            ],
+        )
+        more = ""
+        if len(got) == PAGE:
+            more = _link(
+                "/reminders",
+                "next page →",
+                source=source,
+                prefix=prefix,
+                after=got[-1]["business_key"],
+            )
+        return self._page(request, f"Reminders of {source}", f"{form}{table}<p>{more}</p>")
+
+    async def retrying(self, request: web.Request) -> web.Response:
+        """Rows that failed and wait for their next try, the soonest first."""
+        channel = self._param(request, "channel")
+        async with self.pool.connection() as conn:
+            got = await store.retrying(conn, channel=channel, limit=PAGE)
+            now = await store.db_now(conn)
+        table = _table(
+            ["id", "channel", "source", "business key", "attempts", "next try", "last error"],
+            [
+                [
+                    _link(f"/work/{r['id']}", r["id"]),
+                    _link(f"/channel/{r['channel']}", r["channel"]),
+                    _e(r["source"]),
+                    _link(
+                        "/reminder",
+                        personal_as(r["business_key"], self.redact),
+                        source=r["source"],
+                        key=r["business_key"],
+                    ),
+                    _e(r["attempts"]),
+                    _ago(r["retry_at"], now),
+                    _e(r["last_error"]),
+                ]
+                for r in got
+            ],
+        )
+        note = f"<p>The {PAGE} soonest.</p>" if len(got) == PAGE else ""
+        title = "Waiting for a retry" + (f" on {channel}" if channel else "")
+        return self._page(request, title, table + note)
 
     async def pause(self, request: web.Request) -> web.Response:
         form = await self._action(request)

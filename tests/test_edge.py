@@ -710,6 +710,7 @@ async def test_a_redriven_row_older_than_expire_after_is_sent_not_expired(
             "all": True,
             "ids": [],
             "channel": None,
+            "source": None,
             "since": None,
             "reason_like": None,
             "operator": "ops",

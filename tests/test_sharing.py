@@ -428,6 +428,7 @@ async def test_every_way_a_row_becomes_ready_makes_it_claimable_again(
             "all": True,
             "ids": [],
             "channel": None,
+            "source": None,
             "since": None,
             "reason_like": None,
             "operator": "t",

@@ -27,7 +27,16 @@ from pgwork.config import ChannelConfig
 from pgwork.duties import materialise as materialiser
 
 from .browser import CHROMIUM, Browser
-from .helpers import add_in_an_unknown_zone, claim, config, materialise, rows, running, sync_queue
+from .helpers import (
+    add,
+    add_in_an_unknown_zone,
+    claim,
+    config,
+    materialise,
+    rows,
+    running,
+    sync_queue,
+)
 
 pytestmark = [pytest.mark.anyio]
 
@@ -172,6 +181,18 @@ async def test_every_page_shows_each_state_and_runs_no_injected_script(
         assert "HTTP 400: " + XSS_KEY in text  # the attempt ledger, its error as text
         await _no_script_ran(b)
         await b.screenshot(_shot(tmp_path, "reminder"))
+
+        await b.goto(url + "/reminders?source=leases")
+        text = await b.text()
+        assert XSS_KEY in text and "lease:0" in text and "dead" in text, text
+        await _no_script_ran(b)
+        await b.screenshot(_shot(tmp_path, "reminders"))
+
+        await b.goto(url + "/channel/log")
+        text = await b.text()
+        assert "THROTTLED" in text and "HTTP 429 from the receiver" in text, text
+        await _no_script_ran(b)
+        await b.screenshot(_shot(tmp_path, "channel-state"))
 
 
 @needs_chromium
@@ -583,3 +604,132 @@ async def test_the_reminder_page_names_its_deadline_and_heads_only_what_it_shows
         _, once = await _get(s, f"{url}/reminder?source=s&key=once")
     assert "Next deadline of the series" in rent and "only one" not in rent, rent
     assert "Its deadline" in once and "Work rows" not in once, once
+
+
+# -- issue 55: the page as a tool --------------------------------------------------------------
+
+
+async def test_reminders_are_found_by_source_and_key_prefix_a_page_at_a_time(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The page could show one reminder whose source and whole key the operator already knew.
+    `/reminders` lists a source's reminders, by a key prefix if given, one keyset page at a
+    time (the source's key index), each linked to its page and with its latest work row."""
+    ins = (
+        "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+        "SELECT %s, format(%s, i), now() + interval '1 day', 'log', 'r' FROM generate_series(1, %s) i"
+    )
+    await conn.execute(ins, ("acme", "lease:%s", 60))
+    await conn.execute(ins, ("acme", "invoice:%s", 3))
+    await conn.execute(ins, ("other", "lease:%s", 2))
+    await conn.execute(
+        "UPDATE pgwork.reminder SET due_at = now() - interval '1 minute' "
+        "WHERE source = 'acme' AND business_key = 'lease:1'"
+    )
+    await materialise(dsn)
+    async with _serving(dsn) as url, _client() as s:
+        status, html = await _get(s, f"{url}/")
+        assert 'href="/reminders"' in html  # in the header of every page
+        status, html = await _get(s, f"{url}/reminders?source=acme&prefix=lease:")
+        assert status == 200, html
+        keys = re.findall(r'href="/reminder\?source=acme&amp;key=([^"]+)"', html)
+        assert len(keys) == 50 and all(k.startswith("lease%3A") for k in keys), keys
+        assert "invoice" not in html and "other" not in keys
+        assert ">ready<" in html  # lease:1's work row
+        nxt = re.search(r'href="(/reminders\?[^"]+)">next page', html)
+        assert nxt, html
+        status, html = await _get(s, url + nxt.group(1).replace("&amp;", "&"))
+        more = re.findall(r'href="/reminder\?source=acme&amp;key=([^"]+)"', html)
+        assert len(more) == 10 and not set(more) & set(keys), more
+        assert "next page" not in html
+        _, html = await _get(s, f"{url}/reminders?source=acme")
+        assert "invoice:1" in html  # a source's list without a prefix
+        status, html = await _get(s, f"{url}/reminders?source=nosuch")
+        assert status == 200 and "No reminders" in html
+
+
+async def test_the_retrying_view_and_the_channel_page_say_what_waits_and_why(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Rows waiting for a retry were only in `pgwork dlq retrying`, and a channel's page listed
+    rows without the channel's own state. `/retrying` lists them, the soonest first, with the
+    last error; the channel page says PAUSED (why, by whom, since when) and offers resume to a
+    signed-in operator; the overview refreshes itself and says how long ago things happened."""
+    for key in ("again", "fresh"):
+        await add(conn, key)
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET attempts = 2, lease = 2, available_at = now() + interval '10 minutes', "
+        "last_error = 'HTTP 503 from the receiver' WHERE business_key = 'again'"
+    )
+    await sync_queue(conn)
+    await conn.execute(
+        "SELECT pgwork.pause_channel('test', 'receiver migration', 'ops@example.com')"
+    )
+    async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
+        status, html = await _get(s, f"{url}/retrying")
+        assert status == 200 and "HTTP 503 from the receiver" in html, html
+        assert "again" in html and "fresh" not in html
+        _, html = await _get(s, f"{url}/retrying?channel=log")
+        assert "again" not in html
+        _, html = await _get(s, f"{url}/channel/test")
+        assert "PAUSED" in html and "receiver migration" in html and "ops@example.com" in html
+        assert re.search(r"since [^<]*\d{4}-\d\d-\d\d", html) and " ago" in html, html
+        assert "/channel/test/resume" not in html  # signed out: no action
+        await _signed_in(s, url)
+        _, html = await _get(s, f"{url}/channel/test")
+        assert 'action="/channel/test/resume"' in html, html
+        _, html = await _get(s, f"{url}/")
+        assert '<meta http-equiv="refresh" content="15">' in html
+        _, html = await _get(s, f"{url}/?refresh=0")
+        assert 'http-equiv="refresh"' not in html
+
+
+async def test_a_filtered_bulk_redrive_asks_first_and_leaves_an_audit_line(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Dead letters could be redriven one at a time only. What the dead-letter filter selects
+    (channel, source, reason, dead within) is redriven at once after a confirmation that
+    states the count; a count that changed meanwhile is asked again, and the redrive is a log
+    line naming who and what."""
+    for key, channel in (("a", "test"), ("b", "test"), ("c", "test"), ("d", "log")):
+        await add(conn, key, channel=channel)
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), attempts = 5, "
+        "lease = 5, dead_reason = CASE business_key WHEN 'c' THEN 'HTTP 500 boom' "
+        "ELSE 'permanent failure: HTTP 400' END"
+    )
+    await sync_queue(conn)
+
+    async def statuses() -> dict[str, str]:
+        got = await rows(conn, "SELECT business_key, status FROM pgwork.renewal_work")
+        return {r["business_key"]: r["status"] for r in got}
+
+    async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
+        _, html = await _get(s, f"{url}/dead?channel=test&reason=HTTP+400")
+        assert 'action="/dead/redrive"' not in html  # signed out
+        csrf, _ = await _signed_in(s, url)
+        _, html = await _get(s, f"{url}/dead?channel=test&reason=HTTP+400")
+        assert 'action="/dead/redrive"' in html, html
+        form = {"csrf": csrf, "channel": "test", "source": "", "reason": "HTTP 400", "since": ""}
+        async with s.post(f"{url}/dead/redrive", data=form) as r:
+            html = await r.text()
+            assert r.status == 200 and "2 dead letters match" in html, html
+            assert 'name="confirm" value="2"' in html
+        assert set((await statuses()).values()) == {"dead"}  # nothing before the confirmation
+        async with s.post(f"{url}/dead/redrive", data={**form, "confirm": "5"}) as r:
+            assert r.status == 409 and "2 dead letters match" in await r.text()
+        assert set((await statuses()).values()) == {"dead"}
+        with caplog.at_level("INFO", logger="pgwork"):
+            async with s.post(
+                f"{url}/dead/redrive", data={**form, "confirm": "2"}, allow_redirects=False
+            ) as r:
+                assert r.status == 303, await r.text()
+    assert await statuses() == {"a": "ready", "b": "ready", "c": "dead", "d": "dead"}
+    (line,) = [r for r in caplog.records if "bulk redrive" in r.getMessage()]
+    assert "2 redriven" in line.getMessage() and line.__dict__["actor"] == "web@127.0.0.1"
+    got = await rows(
+        conn, "SELECT DISTINCT redriven_by FROM pgwork.renewal_work WHERE status = 'ready'"
+    )
+    assert got == [{"redriven_by": "web@127.0.0.1"}]

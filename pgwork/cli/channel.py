@@ -10,10 +10,10 @@ import psycopg
 
 from .. import db, store
 from ..config import Config
+from ..history import channel_state
 from .common import (
     CliError,
     Database,
-    fmt,
     operator_name,
     table,
     to_json,
@@ -35,30 +35,7 @@ CHANNEL_COLUMNS = [
 
 def channel_row(c: store.ChannelState) -> dict[str, Any]:
     """A channel as the list and status show it: its state in a word, and why."""
-    if c.paused:
-        state, why = (
-            "PAUSED",
-            f"{c.paused_reason or 'no reason given'} (by {c.paused_by}, {fmt(c.paused_at)})",
-        )
-    elif c.throttled:
-        state = "THROTTLED"
-        if c.throttled_for_seconds:
-            why = f"{c.throttle_reason or ''}; held {c.throttled_for_seconds:.1f}s more" + (
-                f", then at most {c.throttle_limit} claimed at once" if c.throttle_limit else ""
-            )
-        else:
-            why = f"{c.throttle_reason or ''}; {c.claimed} of at most {c.throttle_limit} claimed"
-    elif c.recovering:
-        state, why = (
-            "running",
-            f"recovering from a throttle ({c.throttle_reason or ''}): "
-            + (
-                f"at most {c.throttle_limit} claimed at once, one more per success, lifted at "
-                f"{c.throttle_from}"
-            ),
-        )
-    else:
-        state, why = "running", ""
+    state, why = channel_state(c)
     return {**asdict(c), "state": state, "why": why}
 
 

@@ -334,7 +334,7 @@ SELECT cfg.name
 SELECT c.name, c.kind, c.paused, c.paused_at, c.paused_by, c.paused_reason,
        coalesce(c.not_before > now(), false) OR coalesce(c.throttle_limit <= n.claimed, false) AS throttled,
        greatest(extract(epoch FROM c.not_before - now()), 0)::float8 AS throttled_for_seconds,
-       c.throttle_limit, c.throttle_from, c.throttle_reason, c.global_concurrency, c.rate_limit, c.rate_burst,
+       c.throttle_limit, c.throttle_from, c.throttled_at, c.throttle_reason, c.global_concurrency, c.rate_limit, c.rate_burst,
        c.catch_up, n.claimed,
        (SELECT min(q.available_at) FROM pgwork.work_ready q JOIN pgwork.renewal_work w ON w.id = q.work_id
          WHERE q.channel = c.name AND w.attempts > w.attempts_base) AS next_retry_at
@@ -698,7 +698,7 @@ SELECT t.deadline, t.deadline_local, t.occurrence, t.status, t.operation_id, t.f
 
 -- name: dlq_redrive
 -- Give dead rows a fresh attempt budget, same operation id: the ids given, or all (optionally of
--- one channel, dead within the last `since`, with a dead_reason LIKE the pattern). Rows whose reminder was deleted or
+-- one channel, one source, dead within the last `since`, with a dead_reason LIKE the pattern). Rows whose reminder was deleted or
 -- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
 WITH target AS (
     SELECT w.id,
@@ -711,6 +711,7 @@ WITH target AS (
      WHERE w.status = 'dead'
        AND (%(all)s OR w.id = ANY (%(ids)s::bigint[]))
        AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
+       AND (%(source)s::text IS NULL OR w.source = %(source)s)
        AND (%(since)s::interval IS NULL OR w.finished_at >= now() - %(since)s::interval)
        AND (%(reason_like)s::text IS NULL OR w.dead_reason LIKE %(reason_like)s)
        FOR UPDATE OF w
@@ -1112,14 +1113,40 @@ SELECT w.id, v.source, w.business_key, v.status, w.due_at, v.available_at, coale
 
 -- name: dead_page
 -- Dead letters for the web page, newest first, one keyset page: read from work_dead (dead rows
--- only); optionally one channel, one source, a dead_reason LIKE a pattern.
+-- only); optionally one channel, one source, dead within the last `since`, a dead_reason LIKE a
+-- pattern (the filter dlq_redrive takes).
 SELECT w.id, w.source, w.business_key, w.channel, w.due_at, w.attempts, w.attempts_base,
        w.dead_reason, w.finished_at
   FROM pgwork.renewal_work w
  WHERE w.status = 'dead'
    AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
    AND (%(source)s::text IS NULL OR w.source = %(source)s)
+   AND (%(since)s::interval IS NULL OR w.finished_at >= now() - %(since)s::interval)
    AND (%(reason_like)s::text IS NULL OR w.dead_reason LIKE %(reason_like)s)
    AND (w.finished_at, w.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint)
  ORDER BY w.finished_at DESC, w.id DESC
+ LIMIT %(limit)s
+
+-- name: reminders_page
+-- A source's reminders for the web page, by key, one keyset page: from the prefix (inclusive) and
+-- after the last key shown, through the unique index on (source, business_key), with each one's
+-- latest work row. Reads at most `scan` keys: under a linguistic collation the keys that start
+-- with a prefix need not sort together, so a page may then come short of those further on.
+SELECT r.id, r.business_key, r.channel, r.due_at, r.due_local, r.due_tz, r.recur, r.paused,
+       n.status AS last_status, n.due_at AS last_send_at
+  FROM (SELECT r.*
+          FROM pgwork.reminder r
+         WHERE r.source = %(source)s AND r.business_key >= %(prefix)s AND r.business_key > %(after)s
+         ORDER BY r.business_key
+         LIMIT %(scan)s) r
+  LEFT JOIN LATERAL (
+        SELECT w.id, w.due_at FROM pgwork.renewal_work w
+         WHERE w.reminder_id = r.id
+         ORDER BY w.due_at DESC, w.id DESC
+         LIMIT 1) last ON true
+  LEFT JOIN pgwork.renewal_work w ON w.id = last.id
+  LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
+  LEFT JOIN LATERAL pgwork.work_now(w, l) AS n ON w.id IS NOT NULL
+ WHERE starts_with(r.business_key, %(prefix)s)
+ ORDER BY r.business_key
  LIMIT %(limit)s
