@@ -19,8 +19,11 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.embedded
 
-run: $(VENV)/.embedded ## run the daemon on the embedded Postgres (demo `log` channel)
-	$(BIN)/pgwork run
+run: $(VENV)/.embedded ## run the daemon on the embedded Postgres (demo `log` channel), its web page on localhost
+	PGWORK_WEB_ENABLED=$${PGWORK_WEB_ENABLED:-true} $(BIN)/pgwork run
+
+demo: $(VENV)/.embedded ## a webhook channel and a local receiver: a delivery, retries, signatures, a dead letter
+	$(BIN)/python -m pgwork.demo
 
 psql: $(VENV)/.embedded ## psql on the daemon's database
 	$(BIN)/pgwork psql
@@ -45,7 +48,7 @@ test-fast: $(VENV)/.dev ## the suite without the slow (process and timing) tests
 clean: ## remove the venv, caches and the embedded data directory
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .pgwork *.egg-info
 
-.PHONY: help run psql lint docs docs-serve test test-fast clean
+.PHONY: help run demo psql lint docs docs-serve test test-fast clean
 
 bench: $(VENV)/.dev ## every benchmark workload (bench/README.md), 3 interleaved rounds (about an hour; --quick: minutes)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

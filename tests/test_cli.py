@@ -765,6 +765,82 @@ def test_a_killed_embedded_run_leaves_its_server_to_the_next_run_which_stops_it(
         server.stop("immediate")
 
 
+def test_an_embedded_run_says_where_to_watch_it(tmp_path: Path) -> None:
+    """The front door named no way to watch the daemon: `make run` served no page and the
+    welcome named neither the page nor `/metrics`. With the page on (as `make run` turns it on),
+    the welcome names both, on the addresses they are bound to, and both answer."""
+    import re
+    import signal
+    import urllib.request
+
+    from pgwork.embedded import LocalServer
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    e.update(
+        PGWORK_WEB_ENABLED="true",
+        PGWORK_WEB_LISTEN="127.0.0.1:0",
+        PGWORK_METRICS_LISTEN="127.0.0.1:0",
+    )
+    log = tmp_path / "run.log"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "pgwork", "run"],
+        cwd=tmp_path,
+        env=e,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+    try:
+        _wait_text(log, "Ctrl-C stops", p)
+        said = log.read_text()
+        page = re.search(r"web page: (http://127\.0\.0\.1:\d+/)", said)
+        metrics = re.search(r"metrics: (http://127\.0\.0\.1:\d+/metrics)", said)
+        assert page and metrics, said
+        with urllib.request.urlopen(page.group(1), timeout=10) as r:
+            assert r.status == 200 and "Overview" in r.read().decode()
+        with urllib.request.urlopen(metrics.group(1), timeout=10) as r:
+            assert "pgwork_lag_seconds" in r.read().decode()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 0, log.read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        LocalServer(tmp_path / ".pgwork" / "pgdata").stop("immediate")
+    makefile = (ROOT / "Makefile").read_text()
+    assert "PGWORK_WEB_ENABLED" in makefile.split("\nrun:")[1].split("\n\n")[0]
+
+
+def test_the_demo_shows_a_signed_delivery_a_retry_and_a_dead_letter(tmp_path: Path) -> None:
+    """`make demo` (one command): an embedded server, a daemon, a local receiver that checks
+    each signature, and three reminders whose outcomes are a delivery, a delivery after two
+    retries, and a dead letter; `--once` stops when all three have one, and stops its server."""
+    from pgwork.embedded import LocalServer
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "pgwork.demo", "--once", "--dir", str(tmp_path / "pg")],
+            cwd=tmp_path,
+            env={**e, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        out = r.stdout
+        assert out.count("signature verified") == 5, out  # 1 + 3 + 1 requests
+        assert "outcome: ok:1 delivered after 1 attempt(s)" in out, out
+        assert "flaky:1 attempt 2, signature verified" in out and "answered 500" in out, out
+        assert "outcome: flaky:1 delivered after 3 attempt(s)" in out, out
+        assert "outcome: broken:1 dead after 1 attempt(s)" in out, out
+        assert "/dead" in out and "dlq redrive" in out, out
+        assert LocalServer(tmp_path / "pg").running_port() is None, "the demo left its server"
+    finally:
+        LocalServer(tmp_path / "pg").stop("immediate")
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pgwork.demo" in makefile.split("\ndemo:")[1].split("\n\n")[0]
+
+
 def test_the_welcome_is_not_printed_above_an_error_that_stops_the_run(tmp_path: Path) -> None:
     """The embedded run's welcome ("pgwork is running…") was printed before a configuration
     error found at start stopped it; and a python channel's target that cannot be loaded was

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -22,6 +23,9 @@ from .common import (
     Database,
     migrate_schema,
 )
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
 
 
 def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
@@ -52,8 +56,13 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
 
         async def main() -> None:
             daemon = Daemon(cfg, database.dsn)  # in the loop: its events belong to it
-            # The welcome once the daemon is ready: never above an error that stops it.
-            await serve(daemon, on_ready=welcome)
+            # The welcome once the daemon is ready (never above an error that stops it), with
+            # where it serves its page and metrics, once bound.
+            ready = None
+            if welcome is not None:
+                greet = welcome
+                ready = lambda: greet(watch=_where_to_watch(daemon))  # noqa: E731
+            await serve(daemon, on_ready=ready)
             if daemon.stepped_aside is not None:
                 stepped_aside.append(daemon.stepped_aside)
 
@@ -107,8 +116,23 @@ def _this_command() -> str:
     return str(started)
 
 
-def _print_welcome(database: Database, cfg: Config | None = None) -> None:
-    """How to schedule a first reminder, on a channel this daemon runs (`log` when it has one)."""
+def _where_to_watch(daemon: Daemon) -> list[tuple[str, str]]:
+    """The daemon's web page and metrics, where it serves them."""
+    return [
+        (what, f"http://{at}{path}")
+        for what, at, path in (
+            ("web page", daemon.web_at, "/"),
+            ("metrics", daemon.metrics_at, "/metrics"),
+        )
+        if at
+    ]
+
+
+def _print_welcome(
+    database: Database, cfg: Config | None = None, watch: list[tuple[str, str]] | None = None
+) -> None:
+    """How to schedule a first reminder, on a channel this daemon runs (`log` when it has one),
+    and where to watch it (``watch``: what and its URL)."""
     assert database.server is not None
     names = list(cfg.channels) if cfg is not None else ["log"]
     channel = "log" if "log" in names or not names else names[0]
@@ -124,7 +148,9 @@ def _print_welcome(database: Database, cfg: Config | None = None) -> None:
         "  INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient)\n"
         f"  VALUES ('demo', 'lease:42', now() + interval '10 seconds', '{channel}', "
         "'tenant@example.com');\n\n"
-        f"It is delivered by the `{channel}` channel {seen} ten seconds later. Ctrl-C stops.\n",
+        f"It is delivered by the `{channel}` channel {seen} ten seconds later.\n"
+        + "".join(f"Watch it: {what}: {url}\n" for what, url in watch or [])
+        + "Ctrl-C stops.\n",
         file=sys.stderr,
     )
 
