@@ -160,6 +160,27 @@ def _ago(t: datetime | None, now: datetime) -> str:
     return f"{_e(t)} ({amount} ago)" if secs >= 0 else f"{_e(t)} (in {amount})"
 
 
+#: Longest excerpt of an answer shown in a ledger, characters.
+ANSWER_EXCERPT = 300
+
+
+def _answer(a: dict[str, Any]) -> str | None:
+    """What the receiver answered an attempt: its receipt (a delivery's body, kept in the
+    ledger) or the error; at most ``ANSWER_EXCERPT`` characters."""
+    r = a.get("receipt") or {}
+    said = r.get("text") if "text" in r else r.get("body")
+    text: str | None = (
+        a.get("error")
+        if said is None
+        else said
+        if isinstance(said, str)
+        else json.dumps(said, ensure_ascii=False)
+    )
+    if text is None:
+        return None
+    return text if len(text) <= ANSWER_EXCERPT else text[: ANSWER_EXCERPT - 1] + "…"
+
+
 def _channel_state(c: store.ChannelState) -> str:
     word, why = channel_state(c)
     return f'<span class="{"ok" if word == "running" else "bad"}">{word}</span> {_e(why)}'
@@ -633,7 +654,7 @@ class WebApp:
             else ""
         )
         ledger = _table(
-            ["lease", "attempt", "outcome", "daemon", "started", "finished", "HTTP", "error"],
+            ["lease", "attempt", "outcome", "daemon", "started", "finished", "HTTP", "answer"],
             [
                 [
                     _e(a["lease"]),
@@ -643,7 +664,7 @@ class WebApp:
                     _e(a["started_at"]),
                     _e(a["finished_at"]),
                     _e(a["http_status"]),
-                    _e(a["error"]),
+                    _e(_answer(a)),
                 ]
                 for a in attempts
             ],
@@ -653,8 +674,32 @@ class WebApp:
             + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in fields)
             + "</table>"
             + f"<p>{action}</p><h2>Attempts</h2>{ledger}"
+            + self._request(w)
         )
         return self._page(request, f"Work {work_id}", body)
+
+    def _request(self, w: dict[str, Any]) -> str:
+        """The request each attempt of a webhook row sends, as this config's channel makes it:
+        its URL and headers with the row's values; configured headers by name only."""
+        c = self.cfg.channels.get(w["channel"])
+        if c is None or c.kind != "webhook":
+            return ""
+        op = w["operation_id"]
+        lines = [
+            f"POST {c.url}",
+            "Content-Type: application/json",
+            f"Idempotency-Key: {op}",
+            f"webhook-id: {op}",
+            "webhook-timestamp: (each attempt's start, Unix seconds)",
+        ]
+        if c.signing_secrets:
+            lines.append("webhook-signature: v1,… (HMAC-SHA256 of id.timestamp.body)")
+        lines += [f"{name}: (configured)" for name in c.headers]
+        return (
+            "<h2>Request (as this config's channel sends it)</h2><pre>"
+            + _e("\n".join(lines))
+            + "</pre>"
+        )
 
     async def reminder(self, request: web.Request) -> web.Response:
         """What happened to one reminder (``pgwork reminder``); ``format=json`` for JSON."""
@@ -774,7 +819,7 @@ class WebApp:
                 + "".join(f" · {x}" for x in extra if x)
                 + "</p>"
                 + _table(
-                    ["attempt", "outcome", "started", "took", "HTTP", "next try", "error"],
+                    ["attempt", "outcome", "started", "took", "HTTP", "next try", "answer"],
                     [
                         [
                             _e(a["attempt"]),
@@ -783,7 +828,7 @@ class WebApp:
                             _e(took_ms(a["took"])),
                             _e(a["http_status"]),
                             _e(a["retry_at"]),
-                            _e(a["error"]),
+                            _e(_answer(a)),
                         ]
                         for a in w["attempts_ledger"]
                     ],

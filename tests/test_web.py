@@ -32,11 +32,15 @@ from .helpers import (
     add_in_an_unknown_zone,
     claim,
     config,
+    count,
     materialise,
     rows,
     running,
     sync_queue,
+    until,
+    webhook_channel,
 )
+from .receiver import Answer, Receiver
 
 pytestmark = [pytest.mark.anyio]
 
@@ -733,3 +737,36 @@ async def test_a_filtered_bulk_redrive_asks_first_and_leaves_an_audit_line(
         conn, "SELECT DISTINCT redriven_by FROM pgwork.renewal_work WHERE status = 'ready'"
     )
     assert got == [{"redriven_by": "web@127.0.0.1"}]
+
+
+async def test_a_rows_page_shows_each_answer_beside_the_request_that_got_it(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The ledger on a row's page had the HTTP status and error, not what a receiver answered
+    a delivery with (its receipt, kept in the ledger) nor what the request carried. The page now
+    shows each attempt's answer (a bounded excerpt) and the request as the channel sends it: its
+    URL, its idempotency headers with this row's values, and the configured headers by name
+    only (their values can be secrets)."""
+    answers = iter([Answer(status=503, body=b"down"), Answer(body=b'{"ticket": "T-4711"}')])
+    with Receiver(lambda r: next(answers)) as receiver:
+        hook = webhook_channel(
+            receiver.url,
+            headers={"Authorization": "Bearer s3cr3t"},
+            signing_secrets=("whsec_" + "A" * 40,),
+        )
+        await add(conn, "lease:9", channel="hook")
+        async with running(config(hook), dsn):
+
+            async def delivered() -> bool:
+                return await count(conn, "status = 'delivered'") == 1
+
+            await until(delivered, what="the retried delivery")
+    (row,) = await rows(conn, "SELECT id, operation_id FROM pgwork.renewal_work")
+    async with _serving(dsn, hook) as url, _client() as s:
+        _, html = await _get(s, f"{url}/work/{row['id']}")
+    assert "T-4711" in html, html  # the delivery's answer
+    assert "503" in html and "down" in html, html  # the failed attempt's
+    assert f"POST {receiver.url}" in html, html
+    assert f"Idempotency-Key: {row['operation_id']}" in html, html
+    assert "webhook-signature" in html and "Authorization: (configured)" in html, html
+    assert "s3cr3t" not in html

@@ -683,7 +683,7 @@ SELECT n.id, n.deadline, n.deadline_local, n.occurrence, n.due_at, n.channel, n.
 -- The ledger of those work rows (its primary key).
 SELECT a.work_id, a.lease, a.attempt, a.outcome, a.started_at, a.finished_at,
        a.finished_at - a.started_at AS took, a.http_status, a.error_class, a.error, a.retry_at,
-       a.host, a.pid
+       a.host, a.pid, a.receipt
   FROM pgwork.attempt a
  WHERE a.work_id = ANY (%(work_ids)s::bigint[])
  ORDER BY a.work_id, a.lease
