@@ -20,7 +20,9 @@ CREATE TABLE pgwork.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now(),
     migration_requested_at timestamptz,
     migration_requested_by text,
-    migration_requester    integer
+    migration_requester    integer,
+    code_checksum text,
+    code_replaced text[] NOT NULL DEFAULT '{}'
 );
 COMMENT ON TABLE pgwork.schema_version IS
     'The one schema version this database is at; pgwork refuses a newer one. Only the schema''s '
@@ -39,6 +41,12 @@ COMMENT ON COLUMN pgwork.schema_version.migration_requester IS
     'The backend pid of the `pgwork migrate` that migrates, from its claim until its indexes are '
     'built: a second migrate waits for it (without a snapshot), and a request whose session is gone '
     'is nobody''s.';
+COMMENT ON COLUMN pgwork.schema_version.code_checksum IS
+    'The checksum of the SQL code (pgwork/sql/code/) `pgwork migrate` applied last: a build whose '
+    'code differs at the same version migrates by applying its code again.';
+COMMENT ON COLUMN pgwork.schema_version.code_replaced IS
+    'The checksums of the code applied before, oldest first: a build whose code is among them is '
+    'older than the database, and refuses to run or migrate here.';
 
 CREATE TABLE pgwork.config (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),

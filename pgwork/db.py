@@ -16,7 +16,15 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from . import SCHEMA_VERSION, store
-from .queries import Step, code_functions, code_sql, migration_sql, split_migration, tables_sql
+from .queries import (
+    Step,
+    code_checksum,
+    code_functions,
+    code_sql,
+    migration_sql,
+    split_migration,
+    tables_sql,
+)
 from .supervise import Backoff
 
 log = logging.getLogger("pgwork.db")
@@ -264,11 +272,16 @@ async def _wait_for_schema(
         if v is None or v > SCHEMA_VERSION:
             await check_schema(conn)  # raises, saying which
         asked_by = await store.migration_pending(conn)
-        if v == SCHEMA_VERSION and asked_by is None:
+        # Raises when this build's code was replaced there (it is older).
+        other = await other_code(conn) if v == SCHEMA_VERSION else None
+        if v == SCHEMA_VERSION and asked_by is None and other is None:
             return True
         why = (
             f"`pgwork migrate` ({asked_by}) is migrating: waiting for it"
             if asked_by is not None
+            else f"the database's pgwork SQL code is another build's ({other}; this pgwork's is "
+            f"{code_checksum()}): waiting for `pgwork migrate`"
+            if other is not None
             else f"the database's pgwork schema is version {v}, older than this pgwork "
             f"(version {SCHEMA_VERSION}): waiting for `pgwork migrate`"
         )
@@ -304,6 +317,12 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
             f"the database's pgwork schema is version {v}, older than this pgwork "
             f"(version {SCHEMA_VERSION}): run `pgwork migrate`"
         )
+    other = await other_code(conn)
+    if other is not None:
+        raise SchemaError(
+            f"the database's pgwork SQL code is another build's ({other}; this pgwork's is "
+            f"{code_checksum()}): run `pgwork migrate`"
+        )
     fields = await store.type_fields(conn, "pgwork.claimed")
     if fields != store.Claimed._fields:
         raise SchemaError(
@@ -311,6 +330,30 @@ async def check_schema(conn: AsyncConnection[Any]) -> None:
             f"{', '.join(store.Claimed._fields)}: the type was changed by hand, or this code's "
             "schema files disagree with pgwork/store.py"
         )
+
+
+#: The first schema that records its SQL code's checksum (pgwork.schema_version.code_checksum):
+#: from it on, a build whose code differs at the same version migrates by applying its code.
+CODE_SINCE = 25
+
+
+async def other_code(conn: AsyncConnection[Any]) -> str | None:
+    """At a version that records it: the database's SQL code checksum when it is not this
+    build's (``"none recorded"`` before a migrate recorded one); None when it is.
+
+    :raises SchemaError: when this build's code is among those the database's replaced: the
+        database runs newer code, and this build may neither run nor migrate there.
+    """
+    mine = code_checksum()
+    got = await store.schema_code(conn)
+    if got.code_checksum == mine:
+        return None
+    if mine in got.code_replaced:
+        raise SchemaError(
+            f"the database runs newer SQL code than this pgwork (code {got.code_checksum}; this "
+            f"build's {mine} was replaced there): upgrade pgwork before running it here"
+        )
+    return got.code_checksum or "none recorded"
 
 
 #: How long a migration waits for each lock it needs (an app's or a daemon's transaction holding
@@ -456,7 +499,12 @@ async def _migrate_asking(
     asked: bool = True,
     legacy: bool = False,
 ) -> str:
-    asked = asked and v is not None and v < version
+    # Stale: an older version, or this version with another build's code (raises when this
+    # build's code is older than the database's: nobody is asked to step aside for it).
+    stale = v is not None and (
+        v < version or (v == version >= CODE_SINCE and await other_code(conn) is not None)
+    )
+    asked = asked and stale
     if asked:
         await store.migration_request(conn, legacy=legacy, by=by)
         try:
@@ -465,7 +513,7 @@ async def _migrate_asking(
             with anyio.CancelScope(shield=True):
                 await store.migration_clear(conn, legacy=legacy)
             raise
-    elif v is not None and v < version:
+    elif stale:
         await _clear_the_way(conn, wait_for_old, step_aside_within)
     pause = 0.5
     for attempt in range(1, MIGRATE_ATTEMPTS + 1):
@@ -598,6 +646,8 @@ async def _migrate_once(
             await conn.execute(functions)
             await conn.execute(attaches)
             await store.schema_version_set(conn, version)
+            if version >= CODE_SINCE:
+                await store.schema_code_set(conn, checksum=code_checksum())
             return f"installed pgwork schema version {version}"
         if v > version:
             raise SchemaError(
@@ -605,33 +655,25 @@ async def _migrate_once(
                 f"(version {version}); refusing to touch it"
             )
         if v == version:
-            await store.time_zones_refresh(conn)
-            return f"pgwork schema already at version {v}"
+            other = await other_code(conn) if version >= CODE_SINCE else None
+            if other is None:
+                await store.time_zones_refresh(conn)
+                return f"pgwork schema already at version {v}"
+            await _apply_code(conn, [])
+            await store.schema_code_set(conn, checksum=code_checksum())
+            await store.migration_clear(conn)
+            return (
+                f"applied the changed SQL code at version {v} (code {other} -> {code_checksum()})"
+            )
         steps = [_step(step, extra) for step in range(v + 1, version + 1)]
         if any(_CHANGES_APPS_TABLES.search(_uncommented(s.before)) for s in steps):
             await store.migrate_lock_apps_tables(conn)
         for step in steps:
             await conn.execute(step.before)
-        # The code once, as it is now (a function that goes is a migration's DROP):
-        # the functions, the backfills that call them, then what locks the apps' tables, so
-        # that those locks are held only until the commit that follows. Its functions are
-        # created first, and any other overload of their names dropped: one an older install
-        # left (a signature changed within a version) would make every reference ambiguous.
-        creates, names = code_functions()
-        await conn.execute(creates)
-        for dropped in await store.code_drop_stale(conn, names=list(names)):
-            log.warning("migrate: %s (a signature this code no longer has)", dropped)
-        functions, attaches = code_sql()
-        await conn.execute(functions)
-        for step in steps:
-            if step.after.strip():
-                await conn.execute(step.after)
-        # The tables apps write, locked in the order their statements lock them (a reminder,
-        # then through its triggers its work rows), so that no app statement and this
-        # migration each hold what the other waits for.
-        await store.migrate_attach_locks(conn)
-        await conn.execute(attaches)
+        await _apply_code(conn, steps)
         await store.schema_version_set(conn, version)
+        if version >= CODE_SINCE:
+            await store.schema_code_set(conn, checksum=code_checksum())
         # Committed with the migration: the daemons that waited see the new version at once.
         # From schema 22 on (a schema from 15 to 21 drops its request's columns in 022).
         if version >= OWNED_SINCE:
@@ -639,3 +681,25 @@ async def _migrate_once(
         elif legacy:
             await store.migration_clear(conn, legacy=True)
         return f"upgraded pgwork schema from version {v} to {version}"
+
+
+async def _apply_code(conn: AsyncConnection[Any], steps: Sequence[Step]) -> None:
+    """The code once, as it is now (a function that goes is a migration's DROP): the functions,
+    the backfills of ``steps`` that call them, then what locks the apps' tables, so that those
+    locks are held only until the commit that follows. Its functions are created first, and any
+    other overload of their names dropped: one an older install left (a signature changed within
+    a version) would make every reference ambiguous."""
+    creates, names = code_functions()
+    await conn.execute(creates)
+    for dropped in await store.code_drop_stale(conn, names=list(names)):
+        log.warning("migrate: %s (a signature this code no longer has)", dropped)
+    functions, attaches = code_sql()
+    await conn.execute(functions)
+    for step in steps:
+        if step.after.strip():
+            await conn.execute(step.after)
+    # The tables apps write, locked in the order their statements lock them (a reminder, then
+    # through its triggers its work rows), so that no app statement and this migration each
+    # hold what the other waits for.
+    await store.migrate_attach_locks(conn)
+    await conn.execute(attaches)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from importlib import resources
@@ -121,6 +122,17 @@ def code_sql() -> tuple[LiteralString, LiteralString]:
         cast(LiteralString, "".join(functions)),  # type: ignore[redundant-cast]
         cast(LiteralString, "".join(attaches)),  # type: ignore[redundant-cast]
     )
+
+
+def code_checksum() -> str:
+    """The checksum of the SQL code (every file of ``sql/code/``, named, in order): stored beside
+    the schema version by `pgwork migrate`, compared by every daemon and command."""
+    h = hashlib.sha256()
+    for name in CODE:
+        h.update(f"{name}\0".encode())
+        h.update(_read(f"code/{name}.sql").encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
 
 
 _CREATES_FUNCTION = re.compile(r"\s*(?:--[^\n]*\n\s*)*CREATE OR REPLACE FUNCTION pgwork\.(\w+)\(")

@@ -145,6 +145,20 @@ async def schema_version(conn: Conn) -> int:
     return (await _one(conn, "schema_version", _Version)).version
 
 
+@dataclass(frozen=True)
+class SchemaCode:
+    code_checksum: str | None
+    code_replaced: list[str]
+
+
+async def schema_code(conn: Conn) -> SchemaCode:
+    return await _one(conn, "schema_code", SchemaCode)
+
+
+async def schema_code_set(conn: Conn, *, checksum: str) -> None:
+    await _exec(conn, "schema_code_set", {"checksum": checksum})
+
+
 async def schema_version_set(conn: Conn, version: int) -> None:
     await _exec(conn, "schema_version_set", {"version": version})
 

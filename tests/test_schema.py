@@ -123,7 +123,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
 
 
 @pytest.mark.parametrize(
-    "old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]
+    "old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
 )
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
@@ -779,6 +779,26 @@ def test_migrations_carry_table_changes_and_no_copy_of_the_code() -> None:
             assert not _definitions(text), f"{step:03d}.sql defines code: move it to code/"
         copied = {n for n, b in bodies.items() if b in text} - needed_by_history.get(step, set())
         assert not copied, f"{step:03d}.sql repeats the code of {sorted(copied)}"
+
+
+def test_a_migration_from_25_on_changes_a_table() -> None:
+    """From schema 25 on a code change is applied by its checksum (no version): a migration that
+    changes no table (comment-only ones, like 018, 019 and 021, which existed only to ship code)
+    is refused here. A table change: a table, column, index, constraint, type, domain, role,
+    grant or row the tables hold."""
+    from pgwork import SCHEMA_VERSION
+    from pgwork.db import CODE_SINCE
+
+    ddl = re.compile(
+        r"^\s*(CREATE|ALTER|DROP)\s+(TABLE|INDEX|TYPE|DOMAIN|ROLE|SEQUENCE|EXTENSION)\b"
+        r"|^\s*(CREATE\s+(UNIQUE\s+)?INDEX|GRANT|REVOKE|INSERT|UPDATE|DELETE)\b",
+        re.I | re.M,
+    )
+    assert ddl.search("ALTER TABLE pgwork.x ADD COLUMN y int;")
+    assert not ddl.search("-- ALTER TABLE in a comment\nSELECT 1;".split("\n", 1)[1])
+    for step in range(CODE_SINCE, SCHEMA_VERSION + 1):
+        text = re.sub(r"--[^\n]*", "", (SQL / "migrations" / f"{step:03d}.sql").read_text())
+        assert ddl.search(text), f"{step:03d}.sql changes no table: a code change needs none"
 
 
 async def test_a_migration_waits_for_a_lock_a_bounded_time_and_tries_again(empty_dsn: str) -> None:

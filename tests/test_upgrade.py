@@ -4,6 +4,7 @@ and of the previous one, `pgwork migrate` beside them, an app writing throughout
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,72 @@ async def test_a_running_daemon_steps_aside_for_the_next_migration(
         SCHEMA_VERSION + 1
     )
     assert max(waits) < 2.5, max(waits)
+
+
+def _changed_build(into: Path) -> Path:
+    """This build's package with one change to its SQL code (a function's comment) and none to
+    its tables: what a code-only commit ships."""
+    shutil.copytree(ROOT / "pgwork", into / "pgwork", ignore=shutil.ignore_patterns("__pycache__"))
+    f = into / "pgwork" / "sql" / "code" / "channel_control.sql"
+    text = f.read_text()
+    assert "Returns false if it was neither.'" in text
+    f.write_text(text.replace("Returns false if it was neither.'", "(A changed build.)'"))
+    return into
+
+
+def _cli(root: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``pgwork ARGS`` of the build whose package is under ``root``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "pgwork", *args],
+        env={**env, "PGWORK_DSN": dsn, "PYTHONPATH": str(root)},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+async def _resume_comment(conn: psycopg.AsyncConnection[Any]) -> str:
+    got = await rows(
+        conn,
+        "SELECT obj_description(oid, 'pg_proc') AS c FROM pg_proc WHERE proname = 'resume_channel'",
+    )
+    return str(got[0]["c"])
+
+
+async def test_a_code_change_is_applied_by_its_checksum_without_a_schema_version(
+    dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any, tmp_path: Path
+) -> None:
+    """The database learnt of code only through SCHEMA_VERSION, so a change to a function cost
+    a version, an empty migration and a snapshot. The code's checksum now stands beside the
+    version: a build whose SQL code differs at the same version says to run its migrate, whose
+    migrate asks the running daemons to step aside and applies the code; the build it replaced
+    then refuses to run or to migrate (its code is older), and a second migrate of the new build
+    has nothing to do."""
+    new = _changed_build(tmp_path / "new")
+    with Receiver() as receiver:
+        daemon = procs(dsn, toml(channel=hook(receiver.url)))
+        await add(conn, "before", channel="hook")
+        await until(lambda: _delivered(conn, 1), what="a delivery by this build")
+        r = await anyio.to_thread.run_sync(_cli, new, dsn, "status")
+        assert r.returncode == 2 and "run `pgwork migrate`" in r.stderr, r.stderr
+        r = await anyio.to_thread.run_sync(_cli, new, dsn, "migrate")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"applied the changed SQL code at version {SCHEMA_VERSION}" in r.stdout, r.stdout
+        assert daemon.wait(30) == 75  # asked to step aside, as for a table change
+    assert "(A changed build.)" in await _resume_comment(conn)
+    assert (await rows(conn, "SELECT version FROM pgwork.schema_version"))[0]["version"] == (
+        SCHEMA_VERSION
+    )
+    assert _cli(new, dsn, "status").returncode == 0
+    r = _cli(ROOT, dsn, "status")
+    assert r.returncode == 2 and "newer SQL code" in r.stderr, r.stderr
+    r = _cli(ROOT, dsn, "migrate")
+    assert r.returncode == 2 and "newer SQL code" in r.stderr, r.stderr
+    assert "(A changed build.)" in await _resume_comment(conn)  # not put back by the older build
+    r = _cli(new, dsn, "migrate")
+    assert r.returncode == 0 and f"already at version {SCHEMA_VERSION}" in r.stdout, r.stdout
 
 
 async def _delivered(conn: psycopg.AsyncConnection[Any], n: int) -> bool:

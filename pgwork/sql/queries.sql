@@ -23,6 +23,17 @@ SELECT a.attname::text AS name
 INSERT INTO pgwork.schema_version (version) VALUES (%(version)s)
     ON CONFLICT (singleton) DO UPDATE SET version = excluded.version, applied_at = now()
 
+-- name: schema_code
+-- The checksum of the SQL code a migrate applied last, and those it replaced (schema 25 on).
+SELECT code_checksum, code_replaced FROM pgwork.schema_version
+
+-- name: schema_code_set
+-- The code a migrate applied: its checksum, the one before it kept among the replaced.
+UPDATE pgwork.schema_version
+   SET code_replaced = CASE WHEN code_checksum IS NULL OR code_checksum = %(checksum)s THEN code_replaced
+                            ELSE array_append(array_remove(code_replaced, %(checksum)s), code_checksum) END,
+       code_checksum = %(checksum)s
+
 -- name: migrate_daemons
 -- The daemons alive now (a heartbeat within three intervals), as `pgwork migrate` sees them
 -- before it changes a schema of any version: columns a version may lack are read by name from
