@@ -1,6 +1,6 @@
 """What an upgrade costs on a large database while apps write: ``python -m bench.migrate_size
 [--rows 1000000] [--from 13 1]``. For each starting schema (its frozen fresh install,
-tests/data/schema_v<N>.sql) on a scratch embedded server at server defaults: N reminders, N work
+tests/history.py builds it from git) on a scratch embedded server at server defaults: N reminders, N work
 rows (99% delivered, 1% ready) and N attempts; then `pgwork migrate` to this version while an app
 inserts a reminder and moves another 20 times a second each (no daemon runs: the documented
 procedure, and what the handshake leaves once the daemons stepped aside). Reports the
@@ -22,14 +22,14 @@ import psycopg
 
 from pgwork import SCHEMA_VERSION, db
 from pgwork.embedded import LocalServer
+from tests.history import fresh_install
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 async def seed(dsn: str, version: int, rows: int) -> None:
-    schema = ROOT / "tests" / "data" / f"schema_v{version}.sql"
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-        await c.execute(schema.read_text())
+        await c.execute(fresh_install(version))
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('app', 'webhook')")
         # Columns every schema since 1 has.
         await c.execute(

@@ -18,6 +18,7 @@ from pgwork import SCHEMA_VERSION, db, store
 from pgwork.duties import outcomes
 
 from .helpers import add, rows
+from .history import old_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -129,7 +130,7 @@ async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """Every migration brings an existing database to exactly the schema a fresh install has."""
-    schema = (Path(__file__).parent / "data" / f"schema_v{old}.sql").read_text()
+    schema = old_schema(old)
     await assert_upgrade_equals_a_fresh_install(schema, old, empty_dsn, conn)
 
 
@@ -167,7 +168,7 @@ async def test_an_upgrade_drops_a_signature_the_code_no_longer_has(
     that overload: the code's ``COMMENT ON FUNCTION pgwork.materialise_page`` then failed on every
     upgrade ('function name "pgwork.materialise_page" is not unique', exit 3, no way forward).
     The code is the one definition of its functions: an overload it does not define is dropped."""
-    schema = (Path(__file__).parent / "data" / "schema_v21.sql").read_text()
+    schema = old_schema(21)
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute(schema)
         await c.execute(
@@ -187,7 +188,7 @@ async def test_an_upgrade_drops_a_signature_the_code_no_longer_has(
 async def test_an_upgrade_names_keys_the_new_space_rule_refuses(empty_dsn: str) -> None:
     """Schema 11 refuses Unicode spaces at either end of a key: an upgrade over a reminder that
     has one stops, says how many and how to find them, and changes nothing."""
-    schema = (Path(__file__).parent / "data" / "schema_v10.sql").read_text()
+    schema = old_schema(10)
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute(schema)
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
@@ -808,7 +809,7 @@ async def test_a_migration_waits_for_a_lock_a_bounded_time_and_tries_again(empty
     tries again, succeeding once the holder is done."""
     import time
 
-    schema = (Path(__file__).parent / "data" / "schema_v13.sql").read_text()
+    schema = old_schema(13)
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute(schema)
     holder = await psycopg.AsyncConnection.connect(empty_dsn)
@@ -878,7 +879,7 @@ async def test_an_index_built_after_the_commit_is_built_again_when_left_invalid(
     """Schema 14's index on the tombstones is built concurrently after the migration commits
     (it never stops an app's delete); a build an interruption left invalid is dropped and built
     again by the next `pgwork migrate`."""
-    schema = (Path(__file__).parent / "data" / "schema_v13.sql").read_text()
+    schema = old_schema(13)
     valid = (
         "SELECT i.indisvalid FROM pg_index i "
         "WHERE i.indexrelid = 'pgwork.retired_series_deadline'::regclass"

@@ -21,6 +21,7 @@ import pytest
 from pgwork import SCHEMA_VERSION, db
 
 from .helpers import add, rows, until
+from .history import old_schema
 from .processes import ROOT, hook, toml
 from .receiver import Receiver
 
@@ -28,7 +29,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 #: The last commit whose code runs schema 14: the daemons that predate the migration handshake.
 SCHEMA_14_COMMIT = "6802c5d"
-SNAPSHOT_14 = Path(__file__).parent / "data" / "schema_v14.sql"
 
 
 def _errors(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -178,7 +178,7 @@ def _schema_14_code(into: Path) -> Path:
 
 async def _database_at_14(empty_dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
-        await c.execute(SNAPSHOT_14.read_text())
+        await c.execute(old_schema(14))
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('hook', 'webhook')")
 
 
@@ -447,7 +447,7 @@ async def test_schema_22_with_work_in_every_state_migrates_and_each_is_sent_once
 
     from .helpers import config, running, statement, webhook_channel
 
-    snapshot = (Path(__file__).parent / "data" / "schema_v22.sql").read_text()
+    snapshot = old_schema(22)
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute(snapshot)
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('hook', 'webhook')")
