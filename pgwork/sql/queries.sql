@@ -480,48 +480,19 @@ WITH o AS (
       JOIN done d ON d.id = o.work_id AND d.lease = o.lease
      WHERE o.throttle IS NOT NULL OR o.pause IS NOT NULL OR o.status = 'delivered' OR o.outcome = 'retry'
      GROUP BY o.channel
-), breaker AS (
-    -- The circuit breaker: failed attempts in a row, across daemons (a batch with a success
-    -- resets the count). Reaching breaker_after trips it: the channel is held for breaker_probe,
-    -- then probed one delivery at a time (a throttle limit of one), and the count stays up, so a
-    -- failed probe trips it again and a success starts the recovery. The count and the trip are
-    -- computed in the UPDATE below from the row it updates (c), not from this statement's
-    -- snapshot: a concurrent flush's increment is then counted, never overwritten.
-    SELECT n.*, c.breaker_probe
-      FROM news n
-      JOIN pgwork.channel c ON c.name = n.channel
 ), channel_news AS (
-    -- Throttle: hold the channel until the answer's Retry-After (or a second) and halve the rows
-    -- it may have claimed (at most once a second); each success grows the limit by one, and it
-    -- is lifted once back where it started. A pause reason pauses the channel (e.g. HTTP 410).
+    -- The channel's state after this flush: one function of the row it updates (c) and the
+    -- flush's counts (pgwork.channel_after_flush: throttle, breaker, a receiver's pause), from
+    -- that row, not this statement's snapshot: a concurrent flush's failures are counted, never
+    -- overwritten. Its live leases are counted only when a throttle or a trip may start.
     UPDATE pgwork.channel c
-       SET not_before = CASE WHEN (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN greatest(c.not_before, now() + n.breaker_probe)
-                             WHEN n.throttle IS NULL THEN c.not_before
-                             ELSE greatest(c.not_before, now() + make_interval(secs => n.throttle)) END,
-           failures = CASE WHEN c.breaker_after IS NULL OR n.ok > 0 THEN 0 ELSE c.failures + n.failed::int END,
-           throttle_limit = CASE
-               WHEN (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN 1
-               WHEN n.throttle IS NOT NULL AND (c.throttled_at IS NULL OR c.throttled_at < now() - interval '1 second')
-                   THEN greatest(1, coalesce(c.throttle_limit, pgwork.claimed_now(c.name)::int) / 2)
-               WHEN n.throttle IS NOT NULL OR c.throttle_limit IS NULL THEN c.throttle_limit
-               WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
-               ELSE c.throttle_limit + n.ok::int END,
-           throttle_from = CASE
-               WHEN (n.throttle IS NOT NULL OR (n.ok = 0 AND c.failures + n.failed >= c.breaker_after)) AND c.throttle_limit IS NULL
-                   THEN greatest(2, pgwork.claimed_now(c.name)::int)
-               WHEN n.throttle IS NULL AND c.throttle_limit + n.ok >= c.throttle_from THEN NULL
-               ELSE c.throttle_from END,
-           throttled_at = CASE WHEN n.throttle IS NOT NULL OR (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN now() ELSE c.throttled_at END,
-           throttle_reason = CASE WHEN (n.ok = 0 AND c.failures + n.failed >= c.breaker_after) THEN format('circuit breaker: %%s failed attempts in a row; probing every %%s',
-                                                           c.failures + n.failed, n.breaker_probe)
-                                  WHEN n.throttle IS NOT NULL THEN left(n.throttle_reason, 500)
-                                  WHEN c.throttle_limit + n.ok >= c.throttle_from THEN NULL
-                                  ELSE c.throttle_reason END,
-           paused = c.paused OR n.pause IS NOT NULL,
-           paused_at = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN now() ELSE c.paused_at END,
-           paused_by = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN 'pgwork:' || %(daemon_id)s ELSE c.paused_by END,
-           paused_reason = CASE WHEN n.pause IS NOT NULL AND NOT c.paused THEN left(n.pause, 500) ELSE c.paused_reason END
-      FROM breaker n
+       SET (not_before, failures, throttle_limit, throttle_from, throttled_at, throttle_reason,
+            paused, paused_at, paused_by, paused_reason)
+         = (SELECT a.* FROM pgwork.channel_after_flush(
+                c, n.ok, n.failed, n.throttle, n.throttle_reason, n.pause,
+                CASE WHEN n.throttle IS NOT NULL OR n.ok = 0 THEN pgwork.claimed_now(c.name)::int END,
+                now(), 'pgwork:' || %(daemon_id)s) a)
+      FROM news n
      WHERE c.name = n.channel
        AND (n.throttle IS NOT NULL OR n.pause IS NOT NULL OR c.throttle_limit IS NOT NULL
             OR (c.breaker_after IS NOT NULL AND (n.failed > 0 OR c.failures > 0)))
