@@ -102,13 +102,12 @@ async def _serve_receiver(receiver: Receiver) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}/hook"
 
 
-async def _outcomes(dsn: str) -> dict[str, str]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT w.business_key, w.status, w.attempts FROM pgwork.renewal_work w "
-            "WHERE w.source = 'demo'"
-        )
-        return {k: f"{s} after {a} attempt(s)" for k, s, a in await cur.fetchall()}
+async def _outcomes(conn: psycopg.AsyncConnection[Any]) -> dict[str, str]:
+    cur = await conn.execute(
+        "SELECT w.business_key, w.status, w.attempts FROM pgwork.renewal_work w "
+        "WHERE w.source = 'demo'"
+    )
+    return {k: f"{s} after {a} attempt(s)" for k, s, a in await cur.fetchall()}
 
 
 async def _story(daemon: Any, dsn: str, once: bool, token: str, cfg_file: Path) -> None:
@@ -123,17 +122,17 @@ async def _story(daemon: Any, dsn: str, once: bool, token: str, cfg_file: Path) 
                 "VALUES ('demo', %s, now(), 'demo-hook', 'tenant@example.com')",
                 (key,),
             )
-    say("scheduled three reminders due now: " + ", ".join(f"{k} ({v})" for k, v in STORY.items()))
-    told: dict[str, str] = {}
-    while True:
-        await anyio.sleep(0.5)
-        got = await _outcomes(dsn)
-        for key, outcome in sorted(got.items()):
-            if told.get(key) != outcome and not outcome.startswith(("ready", "claimed")):
-                told[key] = outcome
-                say(f"outcome: {key} {outcome}")
-        if len(told) == len(STORY):
-            break
+        say(
+            "scheduled three reminders due now: "
+            + ", ".join(f"{k} ({v})" for k, v in STORY.items())
+        )
+        told: dict[str, str] = {}
+        while len(told) < len(STORY):
+            await anyio.sleep(0.5)
+            for key, outcome in sorted((await _outcomes(conn)).items()):
+                if told.get(key) != outcome and not outcome.startswith("ready"):
+                    told[key] = outcome
+                    say(f"outcome: {key} {outcome}")
     say(
         f"\nThe dead letter is on http://{daemon.web_at}/dead, every attempt in its row's "
         f"ledger. Sign in there with the token {token} to redrive it; or, while this runs, "

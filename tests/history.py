@@ -16,8 +16,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 _VERSION = re.compile(r"^SCHEMA_VERSION = (\d+)", re.MULTILINE)
@@ -74,6 +72,8 @@ def fresh_install(version: int) -> str:
 
 def old_schema(version: int) -> str:
     """``fresh_install(version)``, or the calling test skipped, saying why, without the history."""
+    import pytest  # here, not at the top: bench.migrate_size imports this module for fresh_install
+
     try:
         return fresh_install(version)
     except NoHistory as e:

@@ -1122,13 +1122,13 @@ SELECT r.id, r.business_key, r.channel, r.due_at, r.due_local, r.due_tz, r.recur
          ORDER BY r.business_key
          LIMIT %(scan)s) r
   LEFT JOIN LATERAL (
-        SELECT w.id, w.due_at FROM pgwork.renewal_work w
+        SELECT n.status, n.due_at
+          FROM pgwork.renewal_work w
+          LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
+         CROSS JOIN LATERAL pgwork.work_now(w, l) AS n
          WHERE w.reminder_id = r.id
          ORDER BY w.due_at DESC, w.id DESC
-         LIMIT 1) last ON true
-  LEFT JOIN pgwork.renewal_work w ON w.id = last.id
-  LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
-  LEFT JOIN LATERAL pgwork.work_now(w, l) AS n ON w.id IS NOT NULL
+         LIMIT 1) n ON true
  WHERE starts_with(r.business_key, %(prefix)s)
  ORDER BY r.business_key
  LIMIT %(limit)s
