@@ -516,6 +516,32 @@ COMMENT ON COLUMN pgwork.set_aside.daemon_id IS 'The daemon that last tried it (
 COMMENT ON COLUMN pgwork.set_aside.next_try_at IS 'When that daemon tries it again (each failure doubles the wait, up to an hour).';
 COMMENT ON COLUMN pgwork.set_aside.error IS 'The first line of the error its page failed with.';
 
+-- Per channel and minute, what each daemon's sends came to: the web page's trend. Each daemon
+-- counts the outcomes it made durable (the same rows as the ledger's) and writes its minutes
+-- every few seconds, each value whole, so a write repeated after a lost reply counts nothing
+-- twice; a daemon killed loses at most its last unwritten seconds of trend (the ledger keeps the
+-- record). Read a channel's last hours by key; daemons prune minutes older than two days.
+CREATE TABLE pgwork.channel_minute (
+    channel    text NOT NULL,
+    minute     timestamptz NOT NULL,
+    daemon_id  text NOT NULL,
+    delivered  bigint NOT NULL DEFAULT 0,
+    failed     bigint NOT NULL DEFAULT 0,
+    dead       bigint NOT NULL DEFAULT 0,
+    fenced     bigint NOT NULL DEFAULT 0,
+    took_sum   double precision NOT NULL DEFAULT 0,
+    took_max   double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (channel, minute, daemon_id)
+);
+COMMENT ON TABLE pgwork.channel_minute IS
+    'Per channel, minute (by the daemon''s clock) and daemon: its attempts recorded that minute. '
+    'A trend for the web page, written by each daemon every few seconds; the ledger is the record.';
+COMMENT ON COLUMN pgwork.channel_minute.delivered IS 'Attempts delivered (a duplicate answer included).';
+COMMENT ON COLUMN pgwork.channel_minute.failed IS 'Attempts that did not deliver (to be retried, or dead).';
+COMMENT ON COLUMN pgwork.channel_minute.dead IS 'Of the failed, those that made the row dead.';
+COMMENT ON COLUMN pgwork.channel_minute.fenced IS 'Late outcomes refused: the lease had passed to another worker.';
+COMMENT ON COLUMN pgwork.channel_minute.took_sum IS 'Seconds the attempts took, summed (the mean is took_sum / (delivered + failed)).';
+
 CREATE TABLE pgwork.retention_state (
     singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last_pass_at  timestamptz,

@@ -33,6 +33,10 @@ class Clock:
         """The database-clock instant at monotonic time ``mono``."""
         return self._db + timedelta(seconds=mono - self._mono)
 
+    def epoch(self, mono: float) -> float:
+        """The database-clock instant at monotonic time ``mono``, as seconds since the epoch."""
+        return self._db_s + (mono - self._mono)
+
     def seconds_since(self, instant: datetime, mono: float) -> float:
         """Seconds from ``instant`` to monotonic time ``mono``, by the database's clock: what
         ``(db_time(mono) - instant).total_seconds()`` is, in float arithmetic (a lateness figure

@@ -32,6 +32,7 @@ from .duties.listener import Listener
 from .duties.materialise import Materialiser, warm_pages
 from .duties.outcomes import OutcomeWriter, check_shape
 from .duties.retention import RetentionDuty
+from .duties.trends import Trends
 from .metrics import Metrics, serve_metrics
 from .secrets import Secrets
 from .supervise import Supervisor
@@ -183,7 +184,10 @@ class Daemon:
     ) -> None:
         cfg, sup = self.cfg, self.sup
         leases = Leases()
-        writer = OutcomeWriter(pool, sup.metrics, self.identity, sup.health, self.secrets)
+        trends = Trends(pool, sup, self.daemon_id, self.clock)
+        writer = OutcomeWriter(
+            pool, sup.metrics, self.identity, sup.health, self.secrets, trends=trends
+        )
         work_made = WakerGroup()
         deliveries = Deliveries(
             channels,
@@ -245,6 +249,7 @@ class Daemon:
             # the heartbeat first, as it reads the database's clock.
             await duties.start(heartbeat.run)
             await duties.start(writer.run)
+            await duties.start(trends.run)
             if listen_dsn is not None:
                 await duties.start(listener.run)
             await duties.start(materialiser.run)
@@ -297,5 +302,6 @@ class Daemon:
                 extra={"grace_s": cfg.shutdown_grace, "outcomes_pending": writer.pending()},
             )
             await deliveries.stop(cfg.shutdown_grace, self._hard_stop)
+            await trends.last_write()
             duties.cancel_scope.cancel()
         log.info("pgwork stopped", extra={"daemon_id": self.daemon_id})

@@ -931,6 +931,36 @@ async def release_leases(
     return [r.id for r in got]
 
 
+# -- trends ----------------------------------------------------------------------------------
+
+
+async def trend_write(conn: Conn, *, written_by: str, minutes: str) -> None:
+    """Write a daemon's minutes (a JSON array; see the statement), each value whole."""
+    await _exec(conn, "trend_write", {"written_by": written_by, "minutes": minutes})
+
+
+async def trend_prune(conn: Conn, *, keep_hours: int, limit: int) -> int:
+    """Delete up to ``limit`` minutes older than ``keep_hours``; returns how many went."""
+    return (await _one(conn, "trend_prune", _N, {"keep_hours": keep_hours, "limit": limit})).n
+
+
+@dataclass(frozen=True)
+class TrendMinute:
+    minute: datetime
+    delivered: int
+    failed: int
+    dead: int
+    fenced: int
+    #: Seconds an attempt took, on average and at most (None: no attempt that minute).
+    took_mean: float | None
+    took_max: float | None
+
+
+async def channel_trend(conn: Conn, *, channel: str, minutes: int) -> list[TrendMinute]:
+    """A channel's last ``minutes`` minutes with anything recorded, oldest first."""
+    return await _rows(conn, "channel_trend", TrendMinute, {"channel": channel, "minutes": minutes})
+
+
 # -- dead letters ----------------------------------------------------------------------------
 
 

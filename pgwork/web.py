@@ -32,7 +32,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import build, store
+from . import build, chart, store
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
 from .durations import interval_text, parse_duration
 from .duties import gauges
@@ -46,6 +46,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Rows per page.
 PAGE = 50
+#: The trend windows a channel's page offers, hours (the first is the default); the daemons keep
+#: two days of minutes (pgwork/duties/trends.py).
+TREND_HOURS = (3, 1, 12, 48)
 #: The reminders set aside the overview lists (status lists up to 100).
 OVERVIEW_SET_ASIDE = 20
 #: Seconds between reloads of the overview (``?refresh=0``: none).
@@ -510,6 +513,8 @@ class WebApp:
     async def channel(self, request: web.Request) -> web.Response:
         name = self._channel_name(request)
         status = self._param(request, "status") or ""
+        asked = self._param(request, "hours")
+        hours = int(asked) if asked in {str(h) for h in TREND_HOURS} else TREND_HOURS[0]
         statuses = [status] if status in ("ready", "claimed") else ["ready", "claimed"]
         after = None
         if request.query.get("after_id"):
@@ -526,6 +531,7 @@ class WebApp:
                 conn, channel=name, statuses=statuses, after=after, limit=PAGE
             )
             now = await store.db_now(conn)
+            trend = await store.channel_trend(conn, channel=name, minutes=hours * 60)
         c = known[0]
         since = (
             c.paused_at if c.paused else c.throttled_at if c.throttle_limit or c.throttled else None
@@ -607,7 +613,18 @@ class WebApp:
             + " · "
             + _link("/dead", "dead", channel=name)
         )
-        return self._page(request, f"Channel {name}", f"{head}<p>{tabs}</p>{table}<p>{more}</p>")
+        windows = " · ".join(
+            f"<b>{h} h</b>" if h == hours else _link(f"/channel/{name}", f"{h} h", hours=h)
+            for h in sorted(TREND_HOURS)
+        )
+        trend_html = f"<h2>Trend</h2><p>{windows}</p>" + chart.trend(
+            trend, now.replace(second=0, microsecond=0), hours * 60
+        )
+        return self._page(
+            request,
+            f"Channel {name}",
+            f"{head}{trend_html}<h2>Live rows</h2><p>{tabs}</p>{table}<p>{more}</p>",
+        )
 
     async def work(self, request: web.Request) -> web.Response:
         work_id = int(request.match_info["id"])

@@ -124,7 +124,7 @@ async def _catalog(c: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
 
 
 @pytest.mark.parametrize(
-    "old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
+    "old", [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]
 )
 async def test_upgrade_equals_a_fresh_install(
     old: int, empty_dsn: str, dsn: str, conn: psycopg.AsyncConnection[Any]

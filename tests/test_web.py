@@ -23,8 +23,12 @@ import psycopg
 import pytest
 
 from pgwork import db, web
+from pgwork.clock import Clock
 from pgwork.config import ChannelConfig
 from pgwork.duties import materialise as materialiser
+from pgwork.duties.trends import Trends
+from pgwork.metrics import Metrics
+from pgwork.supervise import Supervisor
 
 from .browser import CHROMIUM, Browser
 from .helpers import (
@@ -101,6 +105,15 @@ async def _seed(dsn: str, conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
         "INSERT INTO pgwork.daemon (id, host, pid, version, listener_up, metrics_at) "
         "VALUES ('host1:4242:ab12cd', 'host1', 4242, '0.1.0', true, '127.0.0.1:9464')"
     )
+    # Three hours of a daemon's trend on `hook`: a few failures, slower every thirteen minutes.
+    await conn.execute(
+        "INSERT INTO pgwork.channel_minute (channel, minute, written_by, delivered, failed, dead, "
+        "took_sum, took_max) "
+        "SELECT 'hook', date_trunc('minute', now()) - make_interval(mins => m), "
+        "'host1:4242:ab12cd/1a2b3c', 20 + m % 7 * 3, (m % 11 = 0)::int * 4, (m % 33 = 0)::int, "
+        "(20 + m % 7 * 3 + (m % 11 = 0)::int * 4) * (0.08 + m % 13 * 0.01), 0.3 + m % 17 * 0.05 "
+        "FROM generate_series(0, 179) AS m"
+    )
     got = await rows(conn, "SELECT business_key, id FROM pgwork.renewal_work")
     return {r["business_key"]: r["id"] for r in got}
 
@@ -162,6 +175,9 @@ async def test_every_page_shows_each_state_and_runs_no_injected_script(
         await b.goto(url + "/channel/hook")
         text = await b.text()
         assert "lease:0" in text and "lease:1" in text and "lease:sent" not in text
+        assert "Last 180 minutes:" in text and "failed (6 dead)" in text, text
+        assert await b.eval("document.querySelectorAll('svg g').length") == 2 * 180
+        await _no_script_ran(b)
         await b.screenshot(_shot(tmp_path, "channel"))
         await b.goto(url + "/channel/test?status=claimed")
         assert "claimed" in await b.text()
@@ -770,3 +786,85 @@ async def test_a_rows_page_shows_each_answer_beside_the_request_that_got_it(
     assert f"Idempotency-Key: {row['operation_id']}" in html, html
     assert "webhook-signature" in html and "Authorization: (configured)" in html, html
     assert "s3cr3t" not in html
+
+
+async def test_a_channels_page_draws_its_trend_from_what_its_daemons_recorded(
+    dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel's page showed its rows and state, not how its sends went over the last hours.
+    Each daemon now counts the outcomes it made durable per channel and minute, and the page
+    draws the last hours from them: deliveries and failures per minute, and how long an attempt
+    took. The counts equal the ledger's, over two runs of a daemon with the same configured id
+    (a restart's minutes add to the first run's, they do not replace them)."""
+    monkeypatch.setattr(Trends, "EVERY", 0.2)
+    with Receiver(lambda r: Answer(status=400 if b"bad:" in r.raw else 200)) as receiver:
+        hook = webhook_channel(receiver.url)
+        for run, keys in enumerate((("ok:1", "ok:2", "bad:1"), ("ok:3", "bad:2"))):
+            for key in keys:
+                await add(conn, key, channel="hook", payload=f'{{"key": "{key}"}}')
+            async with running(config(hook, daemon_id="the-daemon"), dsn):
+
+                async def finished(n: int = 3 + 2 * run) -> bool:
+                    return await count(conn, "finished_at IS NOT NULL") == n
+
+                await until(finished, what="every row delivered or dead")
+    ledger = await rows(
+        conn,
+        "SELECT count(*) FILTER (WHERE outcome = 'delivered') AS delivered, "
+        "count(*) FILTER (WHERE outcome <> 'delivered') AS failed FROM pgwork.attempt",
+    )
+    assert ledger == [{"delivered": 3, "failed": 2}]
+    (written,) = await rows(
+        conn,
+        "SELECT sum(delivered)::int AS delivered, sum(failed)::int AS failed, sum(dead)::int "
+        "AS dead, count(DISTINCT written_by)::int AS writers, bool_and(took_max > 0) AS timed "
+        "FROM pgwork.channel_minute WHERE channel = 'hook'",
+    )
+    assert written == {"delivered": 3, "failed": 2, "dead": 2, "writers": 2, "timed": True}
+    async with _serving(dsn, hook) as url, _client() as s:
+        status, html = await _get(s, f"{url}/channel/hook")
+        assert status == 200
+        assert "Last 180 minutes: <b>3</b> delivered" in html, html
+        assert "2 failed</span> (2 dead)" in html, html
+        # Each bar's numbers are its tooltip: together they are the window's.
+        tips = re.findall(r"<title>\d\d:\d\d: (\d+) delivered, (\d+) failed", html)
+        assert tips and sum(int(d) for d, _ in tips) == 3 and sum(int(f) for _, f in tips) == 2
+        assert re.search(r"<title>\d\d:\d\d: \d+ ms on average, \d+ ms at most</title>", html)
+        assert _link_to(html, "/channel/hook?hours=48")
+        _, html = await _get(s, f"{url}/channel/hook?hours=48")
+        assert "Last 2880 minutes" in html and "a bar is 16 minutes" in html, html
+        _, html = await _get(s, f"{url}/channel/hook?hours=7")  # not offered: the default
+        assert "Last 180 minutes" in html
+        _, html = await _get(s, f"{url}/channel/test")
+        assert "No attempts recorded in the last 180 minutes" in html, html
+
+
+def _link_to(html: str, href: str) -> bool:
+    return f'href="{href}"' in html
+
+
+async def test_trend_minutes_older_than_two_days_are_pruned_in_batches(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The daemons keep two days of trend: older minutes go, a batch at a time, and a full
+    batch is followed by another pass at once; recent minutes stay."""
+    await conn.execute(
+        "INSERT INTO pgwork.channel_minute (channel, minute, written_by, delivered) "
+        "SELECT 'hook', date_trunc('minute', now()) - make_interval(mins => m), 'd/1', 1 "
+        "FROM generate_series(0, 3000) AS m"
+    )
+    pool = db.make_pool(dsn, 1, 5.0)
+    async with pool:
+        trends = Trends(pool, Supervisor(Metrics()), "d", Clock())
+        trends.PRUNE_BATCH = 50
+        trends._prune_at = 0.0
+        await trends.step()
+        assert trends._prune_at == 0.0  # a full batch: more to prune at the next pass
+        while trends._prune_at == 0.0:
+            await trends.step()
+    (left,) = await rows(
+        conn,
+        "SELECT count(*)::int AS n, min(minute) > now() - interval '48 hours 1 minute' AS recent "
+        "FROM pgwork.channel_minute",
+    )
+    assert left == {"n": 48 * 60, "recent": True}

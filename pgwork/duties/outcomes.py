@@ -24,6 +24,7 @@ from ..metrics import Metrics
 from ..secrets import Secrets
 from ..store import ClaimKey, Identity
 from ..supervise import Backoff, Health
+from .trends import Trends
 
 log = logging.getLogger("pgwork.outcomes")
 
@@ -404,8 +405,11 @@ class OutcomeWriter:
         identity: Identity,
         health: Health | None = None,
         secrets: Secrets | None = None,
+        trends: Trends | None = None,
     ) -> None:
         self.pool = pool
+        #: Counts what each flush made durable, per channel and minute (the web page's trend).
+        self.trends = trends
         self.metrics = metrics
         self.cleaner = Cleaner(secrets)
         self.daemon_id, self.host, self.pid = identity
@@ -579,6 +583,8 @@ class OutcomeWriter:
                         "channel": r.channel,
                     },
                 )
+        if self.trends is not None:
+            self.trends.count(batch.records, fenced)
         by_channel: dict[str, list[Record]] = {}
         for r in batch.records:
             by_channel.setdefault(r.channel, []).append(r)

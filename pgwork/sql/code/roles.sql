@@ -66,7 +66,8 @@ BEGIN
               pgwork.retention_state TO pgwork_daemon;
         GRANT SELECT, INSERT, UPDATE ON pgwork.channel TO pgwork_daemon;
         GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.work_ready, pgwork.work_lease,
-              pgwork.attempt, pgwork.retired, pgwork.daemon, pgwork.lane, pgwork.set_aside TO pgwork_daemon;
+              pgwork.attempt, pgwork.retired, pgwork.daemon, pgwork.lane, pgwork.set_aside,
+              pgwork.channel_minute TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.claim_lanes, pgwork.claim_rows, pgwork.lease_end, pgwork.lease_extend
