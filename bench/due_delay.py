@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import psycopg
 
-from pgwork import db
+from pgwork import db, migration
 from pgwork.daemon import Daemon
 from pgwork.embedded import LocalServer
 
@@ -22,7 +22,7 @@ from . import workloads as w
 
 async def measure(dsn: str, n: int, spread: float) -> list[float]:
     async with await db.connect(dsn) as c:
-        await db.migrate(c)
+        await migration.migrate(c)
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python')")
     async with anyio.create_task_group() as tg:
         d = Daemon(w.daemon_config(lookahead=0.0, tick=5.0), dsn)

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgwork import db, store
+from pgwork import db, migration, store
 from pgwork.duties import materialise
 from pgwork.embedded import LocalServer
 
@@ -38,7 +38,7 @@ RULES = {
 
 async def measure(dsn: str, rule: str, passes: int) -> dict[str, Any]:
     async with await db.connect(dsn) as c:
-        await db.migrate(c)
+        await migration.migrate(c)
         await c.execute(
             "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python'), ('hook', 'webhook')"
         )

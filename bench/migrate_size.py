@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgwork import SCHEMA_VERSION, db
+from pgwork import SCHEMA_VERSION, migration
 from pgwork.embedded import LocalServer
 from tests.history import fresh_install
 
@@ -107,7 +107,7 @@ async def measure(dsn: str, version: int, rows: int) -> dict[str, Any]:
         await anyio.sleep(3)  # the apps' pace before
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
             t0 = time.monotonic()
-            said = await db.migrate(c)
+            said = await migration.migrate(c)
             t1 = time.monotonic()
         await anyio.sleep(1)
         stop.set()

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgwork import db, store
+from pgwork import db, migration, store
 from pgwork.duties import materialise
 from pgwork.embedded import LocalServer
 
@@ -144,7 +144,7 @@ async def main() -> None:
         try:
             dsn = srv.dsn()
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
-                await db.migrate(app)
+                await migration.migrate(app)
                 await app.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 await app.execute(
                     "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python')"

@@ -26,7 +26,7 @@ import anyio
 import psycopg
 
 import pgwork
-from pgwork import db, eventloop
+from pgwork import db, eventloop, migration
 from pgwork.embedded import LocalServer
 
 from . import noop
@@ -102,7 +102,7 @@ async def make_template(admin_dsn: str) -> str:
         await c.execute(f'DROP DATABASE IF EXISTS "{name}"')
         await c.execute(f'CREATE DATABASE "{name}"')
     async with await db.connect(psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)) as c:
-        await db.migrate(c)
+        await migration.migrate(c)
         await c.execute(
             "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python'), ('hook', 'webhook')"
         )

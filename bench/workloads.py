@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgwork import db
+from pgwork import db, migration
 from pgwork.channels import Delivered, Delivery, WebhookChannel
 from pgwork.config import ChannelConfig, Config, RetentionPolicy, RetryPolicy
 from pgwork.daemon import Daemon
@@ -168,7 +168,7 @@ async def insert_due(
 async def migrate_with_noop(conn: psycopg.AsyncConnection[Any]) -> None:
     """The schema, and the bench's channels registered (so reminders naming them are
     accepted): ``noop`` (python) and ``hook`` (webhook)."""
-    await db.migrate(conn)
+    await migration.migrate(conn)
     await conn.execute(
         "INSERT INTO pgwork.channel (name, kind) VALUES ('noop', 'python'), ('hook', 'webhook')"
         " ON CONFLICT DO NOTHING"

@@ -1,4 +1,6 @@
-"""Every SQL statement pgwork runs, loaded by name from ``sql/queries.sql``."""
+"""Every SQL statement pgwork runs, loaded by name from ``sql/queries/``: a file per room (the
+schema, the materialiser, delivery, ...), each statement named once across them, bound in the
+``pgwork.store`` module of the same name. Runtime code holds no other SQL."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ def _load(text: str) -> dict[str, LiteralString]:
     # parts = [preamble, name1, body1, name2, body2, ...]
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
-            raise RuntimeError(f"queries.sql names {name!r} twice")
+            raise RuntimeError(f"a room names {name!r} twice")
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         queries[name] = cast(LiteralString, "\n".join(lines).strip())  # type: ignore[redundant-cast]
     return queries
@@ -27,7 +29,27 @@ def _read(name: str) -> str:
     return resources.files("pgwork").joinpath("sql", name).read_text(encoding="utf-8")
 
 
-Q: dict[str, LiteralString] = _load(_read("queries.sql"))
+def rooms() -> dict[str, dict[str, LiteralString]]:
+    """Each room's statements, by the room's name (its file's, and its store module's)."""
+    found = resources.files("pgwork").joinpath("sql", "queries")
+    return {
+        f.name.removesuffix(".sql"): _load(f.read_text(encoding="utf-8"))
+        for f in sorted(found.iterdir(), key=lambda f: f.name)
+        if f.name.endswith(".sql")
+    }
+
+
+def _all() -> dict[str, LiteralString]:
+    queries: dict[str, LiteralString] = {}
+    for room, statements in rooms().items():
+        for name, sql in statements.items():
+            if name in queries:
+                raise RuntimeError(f"queries/{room}.sql names {name!r}, named in another room too")
+            queries[name] = sql
+    return queries
+
+
+Q: dict[str, LiteralString] = _all()
 
 #: psycopg converts ``%(name)s`` to ``$n`` on every execute, and caches the conversion only for
 #: statements up to 4,096 characters (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); the

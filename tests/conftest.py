@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from pgwork import db
+from pgwork import migration
 from pgwork.embedded import LocalServer
 
 from .helpers import FAST_SETTINGS
@@ -65,7 +65,7 @@ def template_db(admin_dsn: str) -> Iterator[str]:
             make_conninfo(admin_dsn, dbname=name), autocommit=True
         )
         try:
-            await db.migrate(conn)
+            await migration.migrate(conn)
             await conn.execute(
                 "INSERT INTO pgwork.channel (name, kind) VALUES ('log', 'log'), ('test', 'python'), "
                 "('hook', 'webhook')"

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgwork import db
+from pgwork import db, migration
 from pgwork.embedded import LocalServer
 
 from .helpers import config, running, until, webhook_channel
@@ -65,7 +65,7 @@ async def test_a_database_crash_while_a_request_is_out(
         setup.execute("CREATE DATABASE app")
     dsn = server.dsn("app")
     async with await db.connect(dsn) as c:
-        await db.migrate(c)
+        await migration.migrate(c)
     crashed = threading.Event()
 
     def script(r: Request) -> Answer:

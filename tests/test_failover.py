@@ -19,7 +19,7 @@ import anyio
 import psycopg
 import pytest
 
-from pgwork import db
+from pgwork import db, migration
 from pgwork.embedded import LocalServer
 
 from .helpers import until
@@ -110,7 +110,7 @@ async def test_failover_loses_no_acknowledged_reminder(
             setup.execute("CREATE DATABASE app")
         dsn = pair.dsn("app")
         async with await db.connect(dsn) as c:
-            await db.migrate(c)
+            await migration.migrate(c)
         with Receiver() as receiver:
             cfg = toml(channel=hook(receiver.url, concurrency=4), lease="2s")
             for _ in range(2):

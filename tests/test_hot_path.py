@@ -27,6 +27,7 @@ from pgwork.duties.outcomes import Cleaner, Record, clean_receipt
 from pgwork.metrics import Metrics
 from pgwork.queries import P, Q, positional
 from pgwork.secrets import Secrets
+from pgwork.store._bind import _tuple_rows
 from pgwork.supervise import Supervisor
 from pgwork.waker import WakerGroup
 
@@ -1016,7 +1017,7 @@ async def test_claimed_rows_are_read_by_column_name_checked_once(
 ) -> None:
     """Claimed rows are built positionally; a statement whose columns are not the fields, in
     order, fails naming both instead of filling the wrong fields."""
-    cur = conn.cursor(row_factory=store._tuple_rows(store.Claimed))
+    cur = conn.cursor(row_factory=_tuple_rows(store.Claimed))
     with pytest.raises(TypeError, match=r"Claimed: the statement returns \('reminder_id', 'id'\)"):
         await cur.execute("SELECT 1 AS reminder_id, 2 AS id")
 

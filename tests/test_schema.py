@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from pgwork import SCHEMA_VERSION, db, store
+from pgwork import SCHEMA_VERSION, db, migration, store
 from pgwork.duties import outcomes
 
 from .helpers import add, rows
@@ -31,8 +31,8 @@ async def test_migrate_installs_then_is_idempotent(empty_dsn: str) -> None:
         assert await db.schema_version(c) is None
         with pytest.raises(db.SchemaError, match="pgwork migrate"):
             await db.check_schema(c)
-        assert "installed" in await db.migrate(c)
-        assert "already" in await db.migrate(c)
+        assert "installed" in await migration.migrate(c)
+        assert "already" in await migration.migrate(c)
         assert await db.schema_version(c) == SCHEMA_VERSION
         await db.check_schema(c)
 
@@ -42,7 +42,7 @@ async def test_concurrent_migrations_install_once(empty_dsn: str) -> None:
 
     async def one() -> None:
         async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
-            results.append(await db.migrate(c))
+            results.append(await migration.migrate(c))
 
     async with anyio.create_task_group() as tg:
         for _ in range(4):
@@ -55,7 +55,7 @@ async def test_newer_schema_is_refused(conn: psycopg.AsyncConnection[Any]) -> No
     with pytest.raises(db.SchemaError, match="newer than this pgwork"):
         await db.check_schema(conn)
     with pytest.raises(db.SchemaError, match="refusing"):
-        await db.migrate(conn)
+        await migration.migrate(conn)
 
 
 async def test_the_claimed_row_is_declared_once_and_checked_at_start(
@@ -143,7 +143,7 @@ async def assert_upgrade_equals_a_fresh_install(
         await c.execute(schema)
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
         await add(c, "kept-through-upgrade", "now() + interval '1 day'")
-        said = await db.migrate(c)
+        said = await migration.migrate(c)
         # The snapshot of this version (a fresh install before the code had its own files)
         # must equal a fresh install of this tree too.
         expected = (
@@ -177,7 +177,7 @@ async def test_an_upgrade_drops_a_signature_the_code_no_longer_has(
             " origin text, take jsonb, claim_lease interval, daemon_id text) RETURNS bigint"
             " LANGUAGE sql AS 'SELECT 1::bigint'"
         )
-        said = await db.migrate(c)
+        said = await migration.migrate(c)
         assert f"upgraded pgwork schema from version 21 to {SCHEMA_VERSION}" in said
         await db.check_schema(c)
         upgraded = await _catalog(c)
@@ -194,7 +194,7 @@ async def test_an_upgrade_names_keys_the_new_space_rule_refuses(empty_dsn: str) 
         await c.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('test', 'python')")
         await add(c, "invoice-7\u00a0", "now() + interval '1 day'")
         with pytest.raises(errors.RaiseException) as info:
-            await db.migrate(c)
+            await migration.migrate(c)
         assert "1 reminders have a source or business_key" in str(info.value)
         assert "pgwork.is_trimmed" in (info.value.diag.message_hint or "")
         assert (await rows(c, "SELECT version FROM pgwork.schema_version"))[0]["version"] == 10
@@ -574,7 +574,7 @@ async def test_app_role_can_schedule_move_cancel_and_nothing_else(
 
 
 def test_every_named_statement_has_one_typed_function() -> None:
-    """pgwork.store binds each statement of queries.sql once; the package calls nothing else."""
+    """pgwork.store binds each statement of sql/queries/ once; the package calls nothing else."""
     import inspect
 
     from pgwork import store
@@ -602,9 +602,36 @@ def test_every_named_statement_has_one_typed_function() -> None:
     assert set(Q) - inner <= bound, set(Q) - bound
     package = Path(__file__).resolve().parent.parent / "pgwork"
     for path in package.rglob("*.py"):
-        if path.name not in ("store.py", "queries.py"):
+        if path.parent.name != "store" and path.name != "queries.py":
             text = path.read_text()
             assert 'Q["' not in text and "fetch_all(" not in text, path
+
+
+def test_every_statement_is_bound_in_its_own_room() -> None:
+    """The house rule of the binding layer: the statements of sql/queries/ROOM.sql are named in
+    pgwork/store/ROOM.py and in no other module of pgwork.store, and every room has both halves.
+    A statement is named where a binding passes it (``(conn, "name"``, ``(cur, "name"``) or
+    reads it (``Q["name"]``)."""
+    import re
+
+    from pgwork.queries import Q, rooms
+
+    store_dir = Path(__file__).resolve().parent.parent / "pgwork" / "store"
+    modules = {p.stem: p.read_text() for p in store_dir.glob("*.py") if p.stem != "__init__"}
+    by_room = rooms()
+    passed = re.compile(r'(?:\(\s*(?:conn|cur),\s*|Q\[)"([a-z_]+)"')
+    assert set(by_room) == set(modules) - {"_bind"}, (sorted(by_room), sorted(modules))
+    for module, text in modules.items():
+        named = set(passed.findall(text))
+        own = set(by_room.get(module, {}))
+        assert named <= own, f"store/{module}.py runs statements of another room: {named - own}"
+    for room, statements in by_room.items():
+        # Inner statements are run by another statement's binding of the same room, some chosen
+        # by a condition (``"a" if legacy else "b"``): each is quoted there.
+        named = set(re.findall(r'"([a-z_]+)"', modules[room])) & set(Q)
+        assert set(statements) <= named, (
+            f"queries/{room}.sql: not bound in its room: {set(statements) - named}"
+        )
 
 
 async def test_is_terminal_agrees_with_the_table(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -805,7 +832,7 @@ def test_a_migration_from_25_on_changes_a_table() -> None:
 async def test_a_migration_waits_for_a_lock_a_bounded_time_and_tries_again(empty_dsn: str) -> None:
     """An upgrade whose lock an app's transaction holds no longer queues for as long as that
     transaction lasts, with every later app statement on the table queued behind it: it gives
-    up the lock request after db.MIGRATE_LOCK_TIMEOUT, so the app queued behind it goes on, and
+    up the lock request after migration.MIGRATE_LOCK_TIMEOUT, so the app queued behind it goes on, and
     tries again, succeeding once the holder is done."""
     import time
 
@@ -822,7 +849,7 @@ async def test_a_migration_waits_for_a_lock_a_bounded_time_and_tries_again(empty
         await holder.execute("LOCK TABLE pgwork.retired IN ROW EXCLUSIVE MODE")
 
         async def migrating() -> None:
-            said.append(await db.migrate(migrator))
+            said.append(await migration.migrate(migrator))
 
         async def app_write() -> None:
             await anyio.sleep(0.5)  # the migration's lock request is queued by now
@@ -886,14 +913,14 @@ async def test_an_index_built_after_the_commit_is_built_again_when_left_invalid(
     )
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute(schema)
-        await db.migrate(c)
+        await migration.migrate(c)
         assert (await rows(c, valid))[0]["indisvalid"] is True
         # What an interrupted CREATE INDEX CONCURRENTLY leaves behind.
         await c.execute(
             "UPDATE pg_index SET indisvalid = false "
             "WHERE indexrelid = 'pgwork.retired_series_deadline'::regclass"
         )
-        assert "already" in await db.migrate(c)
+        assert "already" in await migration.migrate(c)
         assert (await rows(c, valid))[0]["indisvalid"] is True
 
 

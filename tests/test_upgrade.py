@@ -18,7 +18,7 @@ import anyio
 import psycopg
 import pytest
 
-from pgwork import SCHEMA_VERSION, db
+from pgwork import SCHEMA_VERSION, db, migration
 
 from .helpers import add, rows, until
 from .history import old_schema
@@ -61,7 +61,7 @@ async def test_a_running_daemon_steps_aside_for_the_next_migration(
         async with anyio.create_task_group() as tg:
             tg.start_soon(_app_writes, dsn, stop, waits, "k")
             await until(lambda: _delivered(conn, 20), what="deliveries under way")
-            said = await db.migrate(
+            said = await migration.migrate(
                 conn,
                 version=SCHEMA_VERSION + 1,
                 steps={SCHEMA_VERSION + 1: "ALTER TABLE pgwork.reminder ADD COLUMN test_only int;"},
@@ -273,7 +273,7 @@ async def test_a_request_left_by_a_killed_migrate_is_not_obeyed(
         assert daemon.proc.poll() is None
     assert not _errors(daemon.lines())
     with anyio.fail_after(10):
-        said = await db.migrate(conn)
+        said = await migration.migrate(conn)
     assert said == f"pgwork schema already at version {SCHEMA_VERSION}"
     left = await rows(
         conn, "SELECT migration_requested_at, migration_requester FROM pgwork.schema_version"
@@ -345,7 +345,7 @@ async def test_an_app_holding_the_old_advisory_keys_holds_no_migration_up(
                     "pg_advisory_lock(hashtext('pgwork.migration_request'))"
                 )
                 with anyio.fail_after(25):
-                    said = await db.migrate(
+                    said = await migration.migrate(
                         conn, version=SCHEMA_VERSION + 1, steps=_next_step(), step_aside_within=20
                     )
             assert said == (
@@ -378,7 +378,7 @@ async def test_two_migrates_at_once_serialise_and_the_second_finds_nothing_to_do
         await anyio.sleep(delay)
         async with await db.connect(make_conninfo(dsn)) as c:
             await c.set_autocommit(True)
-            said[name] = await db.migrate(c, version=SCHEMA_VERSION + 1, steps=steps)
+            said[name] = await migration.migrate(c, version=SCHEMA_VERSION + 1, steps=steps)
 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listen:
         await listen.execute("LISTEN pgwork_migrate")
@@ -467,7 +467,7 @@ async def test_schema_22_with_work_in_every_state_migrates_and_each_is_sent_once
                 (key,),
             )
         await c.execute("UPDATE pgwork.reminder SET next_fire_at = 'infinity'")
-        said = await db.migrate(c)
+        said = await migration.migrate(c)
         assert said == f"upgraded pgwork schema from version 22 to {SCHEMA_VERSION}"
         assert await rows(c, "SELECT * FROM pgwork.work_invariant()") == []
         queued = await rows(

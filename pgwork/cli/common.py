@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 import anyio
 import psycopg
 
-from .. import db, logs, store
+from .. import db, logs, migration, store
 from ..config import ChannelConfig, Config, ConfigError
 from ..durations import interval_text, parse_duration
 from ..embedded import LocalServer
@@ -128,7 +128,7 @@ def migrate_schema(
     daemon has started."""
 
     async def go(conn: psycopg.AsyncConnection[Any]) -> str:
-        done = await db.migrate(
+        done = await migration.migrate(
             conn, wait_for_old=wait_for_old, step_aside_within=step_aside_within
         )
         if channels:

@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskStatus
@@ -28,8 +28,20 @@ from ..clock import Clock
 from ..store import ClaimKey
 from ..supervise import Next, Supervisor
 
-if TYPE_CHECKING:
-    from .outcomes import Record
+
+class Counted(Protocol):
+    """What is counted of an outcome (``duties.outcomes.Record`` is one)."""
+
+    channel: str
+    outcome: str
+    status: str
+    #: When the attempt started and finished (monotonic seconds).
+    started: float
+    finished: float
+
+    @property
+    def key(self) -> ClaimKey: ...
+
 
 log = logging.getLogger("pgwork.trends")
 
@@ -70,7 +82,7 @@ class Trends:
         self._changed: set[tuple[str, int]] = set()
         self._prune_at = time.monotonic() + 60.0
 
-    def count(self, records: Iterable[Record], fenced: Collection[ClaimKey]) -> None:
+    def count(self, records: Iterable[Counted], fenced: Collection[ClaimKey]) -> None:
         """Count a batch of records once they are durable (``fenced``: those refused as late).
         Per record a few additions: a batch is mostly one channel's, looked up once a run."""
         minute = int(self.clock.epoch(time.monotonic()) // 60 * 60)

@@ -2,7 +2,7 @@
 -- Code, not tables: `pgwork migrate` applies every file of pgwork/sql/code/ after the pending
 -- migrations, in the order of pgwork.queries.CODE, so each definition here is the only one.
 --
--- The daemon claims with one statement (queries.sql, claim_work): pgwork.claim_lanes, then
+-- The daemon claims with one statement (queries/delivery.sql, claim_work): pgwork.claim_lanes, then
 -- pgwork.claim_rows with what it took, as parameters. Both are VOLATILE PL/pgSQL functions, so
 -- each of their statements takes a new snapshot (READ COMMITTED): claim_rows' is taken after
 -- claim_lanes' locks, so it sees every change made before them, and nobody can change what they

@@ -1,0 +1,93 @@
+"""The statements of gauges and status: lag, work counts, table health, the xmin horizon, lock holders, bound
+(``pgwork/sql/queries/gauges.sql``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+
+from ._bind import Conn, _dicts, _one, _rows
+
+
+@dataclass(frozen=True)
+class WorkState:
+    channel: str
+    status: str
+    n: int
+
+
+async def work_states(conn: Conn) -> list[WorkState]:
+    return await _rows(conn, "work_states", WorkState)
+
+
+@dataclass(frozen=True)
+class Lag:
+    lag_seconds: float
+    oldest_ready_seconds: float
+    unmaterialised_seconds: float
+
+
+async def lag(conn: Conn) -> Lag:
+    return await _one(conn, "lag", Lag)
+
+
+@dataclass(frozen=True)
+class TableHealth:
+    table: str
+    dead_tuples: int
+    live_tuples: int
+
+
+@dataclass(frozen=True)
+class SourceLag:
+    source: str
+    lag_seconds: float
+    #: Its oldest due occurrence has no work row yet (no daemon, the materialiser behind, or the
+    #: reminder set aside).
+    unmaterialised: bool
+
+
+async def lag_by_source(conn: Conn) -> list[SourceLag]:
+    """``lag`` per source, latest first."""
+    return await _rows(conn, "lag_by_source", SourceLag)
+
+
+async def oldest_overdue_channel(conn: Conn) -> str | None:
+    """The channel of the oldest overdue live row, if any."""
+    got = await _dicts(conn, "oldest_overdue_channel", {})
+    return str(got[0]["channel"]) if got else None
+
+
+async def table_health(conn: Conn) -> list[TableHealth]:
+    return await _rows(conn, "table_health", TableHealth)
+
+
+@dataclass(frozen=True)
+class XminHorizon:
+    age_seconds: float
+    age_xids: int
+
+
+async def xmin_horizon(conn: Conn) -> XminHorizon:
+    return await _one(conn, "xmin_horizon", XminHorizon)
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """A session holding a lock on a pgwork table that stops the daemon's work."""
+
+    relation: str
+    mode: str
+    pid: int
+    role: str | None
+    application_name: str | None
+    state: str | None
+    #: Seconds its transaction (or, outside one, its session) has been open.
+    held_s: float | None
+
+
+async def lock_holders(conn: Conn) -> list[LockHolder]:
+    return await _rows(conn, "lock_holders", LockHolder)

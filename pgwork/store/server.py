@@ -1,0 +1,28 @@
+"""The statements of the server itself: its clock, standby or primary, LISTEN, a ping, bound
+(``pgwork/sql/queries/server.sql``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+
+from ._bind import Conn, _exec, _value
+
+
+async def db_now(conn: Conn) -> datetime:
+    return await _value(conn, "db_now", datetime)
+
+
+async def is_standby(conn: Conn) -> bool:
+    return await _value(conn, "is_standby", bool)
+
+
+async def listen(conn: Conn) -> None:
+    await _exec(conn, "listen")
+
+
+async def ping(conn: Conn) -> None:
+    await _exec(conn, "ping")
