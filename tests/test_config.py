@@ -394,3 +394,16 @@ def test_an_option_is_described_once() -> None:
         if re.match(r"\s+\w+: .*= option\(", line) and lines[n - 1].lstrip().startswith("#:")
     ]
     assert not doubled, f"pgwork/config.py lines {doubled}: the doc= says it"
+
+
+def test_the_kinds_config_accepts_are_the_kinds_channels_make() -> None:
+    """A kind of channel is declared by its module (``KIND``, ``make``) and gathered in
+    ``pgwork.channels.KINDS``; the ``kind`` option's choices must name the same kinds, so a
+    kind added to one is not missing from the other."""
+    from dataclasses import fields
+
+    from pgwork.channels import KINDS
+    from pgwork.config import ChannelConfig
+
+    (kind,) = [f for f in fields(ChannelConfig) if f.name == "kind"]
+    assert set(kind.metadata["choices"]) == set(KINDS)

@@ -4,6 +4,7 @@ letters, concurrency limits and the two-stage stop. Real Postgres, real daemon c
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -11,9 +12,9 @@ import anyio
 import psycopg
 import pytest
 
-from pgwork import db
-from pgwork.channels import Delivery, Failed, Retry
-from pgwork.config import ConfigError
+from pgwork import channels, db
+from pgwork.channels import Delivered, Delivery, Failed, Outcome, Retry
+from pgwork.config import ChannelConfig, ConfigError
 from pgwork.daemon import Daemon
 from pgwork.store import ClaimKey, Identity
 
@@ -52,6 +53,36 @@ async def test_due_reminders_are_delivered_exactly_once(
     assert (d.recipient, d.payload, d.attempt, d.occurrence) == ("r7", {"n": 7}, 1, timedelta(0))
     ledger = await rows(conn, "SELECT outcome, count(*) AS n FROM pgwork.attempt GROUP BY outcome")
     assert ledger == [{"outcome": "delivered", "n": 300}]
+
+
+async def test_a_new_kind_of_channel_needs_no_migration(
+    dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel's kind was a CHECK in the database (log, webhook, python): a new kind of
+    channel needed a schema version and a migration before a daemon could register it. A kind
+    is its channel module's own declaration now: one the database never heard of registers and
+    delivers."""
+    sent: list[str] = []
+
+    @dataclass
+    class Sms:  # what a new module of pgwork/channels/ declares as its kind's constructor
+        config: ChannelConfig
+
+        async def deliver(self, d: Delivery) -> Outcome:
+            sent.append(d.business_key)
+            return Delivered()
+
+        async def aclose(self) -> None:
+            return None
+
+    monkeypatch.setitem(channels.KINDS, "sms", Sms)
+    async with running(config(ChannelConfig(name="sms", kind="sms")), dsn):
+        await add(conn, "text:1", channel="sms")  # the daemon registered the channel
+        await until(lambda: _eq(conn, 1), what="the text sent")
+    assert sent == ["text:1"]
+    assert await rows(conn, "SELECT kind FROM pgwork.channel WHERE name = 'sms'") == [
+        {"kind": "sms"}
+    ]
 
 
 async def _eq(conn: psycopg.AsyncConnection[Any], n: int) -> bool:

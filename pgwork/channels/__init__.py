@@ -8,13 +8,17 @@ A channel gets a :class:`Delivery` and answers :class:`Delivered`, :class:`Retry
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..config import ChannelConfig, ConfigError
+from . import log, python, webhook
 from .log import LogChannel
 from .python import PythonChannel
 from .types import Channel, Delivered, Delivery, Failed, Outcome, PayloadError, Retry
 from .webhook import WebhookChannel, parse_retry_after
 
 __all__ = [
+    "KINDS",
     "Channel",
     "Delivered",
     "Delivery",
@@ -29,13 +33,18 @@ __all__ = [
     "parse_retry_after",
 ]
 
+#: Each kind of channel, by the name a config gives it: how one is made. Each module declares
+#: its own (``KIND``, ``make``); the ``kind`` option's choices (pgwork/config.py) must name the
+#: same ones (tests/test_config.py::test_the_kinds_config_accepts_are_the_kinds_channels_make).
+KINDS: dict[str, Callable[[ChannelConfig], Channel]] = {
+    m.KIND: m.make for m in (log, python, webhook)
+}
+
 
 def make_channel(config: ChannelConfig) -> Channel:
-    """:raises ConfigError: when a python channel's target cannot be loaded."""
-    if config.kind == "log":
-        return LogChannel(config)
-    if config.kind == "webhook":
-        return WebhookChannel(config)
-    if config.kind == "python":
-        return PythonChannel.load(config)
-    raise ConfigError(f"channels.{config.name}.kind: unknown kind {config.kind!r}")
+    """:raises ConfigError: when a python channel's target cannot be loaded, or the kind is none
+    of these."""
+    make = KINDS.get(config.kind)
+    if make is None:
+        raise ConfigError(f"channels.{config.name}.kind: unknown kind {config.kind!r}")
+    return make(config)

@@ -37,3 +37,8 @@ class LogChannel:
 
     async def aclose(self) -> None:
         return None
+
+
+#: The kind a channel config names to be delivered by this module, and how one is made.
+KIND = "log"
+make = LogChannel

@@ -52,3 +52,8 @@ class PythonChannel:
 
     async def aclose(self) -> None:
         return None
+
+
+#: The kind a channel config names to be delivered by this module, and how one is made.
+KIND = "python"
+make = PythonChannel.load

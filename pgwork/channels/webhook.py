@@ -233,6 +233,11 @@ class WebhookChannel:
             await self._client.close()
 
 
+#: The kind a channel config names to be delivered by this module, and how one is made.
+KIND = "webhook"
+make = WebhookChannel
+
+
 class _GivenCancellation(Generic[T]):
     """Awaits a coroutine, and if the task is cancelled while it runs, raises the cancellation
     the task was given rather than the one the coroutine raised instead.

@@ -60,7 +60,9 @@ INSERT INTO pgwork.config DEFAULT VALUES;
 
 CREATE TABLE pgwork.channel (
     name          text PRIMARY KEY CONSTRAINT channel_name_valid CHECK (name ~ '^[a-z][a-z0-9_-]{0,62}$'),
-    kind          text NOT NULL CHECK (kind IN ('log', 'webhook', 'python')),
+    -- Which channel module delivers (pgwork/channels/): the daemon's config checks it, so a
+    -- new kind needs no migration.
+    kind          text NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
     -- Operator control (pgwork.pause_channel / pgwork.resume_channel, `pgwork channel pause`).
     paused        boolean NOT NULL DEFAULT false,
