@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection, AsyncCursor, AsyncRawCursor, Error
@@ -24,10 +24,6 @@ from psycopg.rows import (
 )
 
 from ..queries import P, Q
-
-if TYPE_CHECKING:
-    pass
-
 
 Conn = AsyncConnection[Any]
 

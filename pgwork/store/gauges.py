@@ -4,10 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 from ._bind import Conn, _dicts, _one, _rows
 

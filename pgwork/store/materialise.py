@@ -7,13 +7,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from ..queries import Q
-
-if TYPE_CHECKING:
-    pass
-
 from ._bind import (
     Claimed,
     ClaimRequest,

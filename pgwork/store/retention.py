@@ -5,17 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from psycopg.rows import (
     class_row,
 )
 
 from ..queries import Q
-
-if TYPE_CHECKING:
-    pass
-
 from ._bind import Conn, _exec, _one, _value
 
 

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, LiteralString, cast
-
-if TYPE_CHECKING:
-    pass
+from typing import LiteralString, cast
 
 from ._bind import Conn, _dicts, _exec, _one, _rows, _value
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 from ._bind import Conn, _exec, _rows, _value
 
