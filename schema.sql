@@ -60,7 +60,9 @@ INSERT INTO pgwork.config DEFAULT VALUES;
 
 CREATE TABLE pgwork.channel (
     name          text PRIMARY KEY CONSTRAINT channel_name_valid CHECK (name ~ '^[a-z][a-z0-9_-]{0,62}$'),
-    kind          text NOT NULL CHECK (kind IN ('log', 'webhook', 'python')),
+    -- Which channel module delivers (pgwork/channels/): the daemon's config checks it, so a
+    -- new kind needs no migration.
+    kind          text NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
     -- Operator control (pgwork.pause_channel / pgwork.resume_channel, `pgwork channel pause`).
     paused        boolean NOT NULL DEFAULT false,
@@ -524,18 +526,19 @@ COMMENT ON COLUMN pgwork.set_aside.error IS 'The first line of the error its pag
 CREATE TABLE pgwork.channel_minute (
     channel    text NOT NULL,
     minute     timestamptz NOT NULL,
-    daemon_id  text NOT NULL,
+    written_by text NOT NULL,
     delivered  bigint NOT NULL DEFAULT 0,
     failed     bigint NOT NULL DEFAULT 0,
     dead       bigint NOT NULL DEFAULT 0,
     fenced     bigint NOT NULL DEFAULT 0,
     took_sum   double precision NOT NULL DEFAULT 0,
     took_max   double precision NOT NULL DEFAULT 0,
-    PRIMARY KEY (channel, minute, daemon_id)
+    PRIMARY KEY (channel, minute, written_by)
 );
 COMMENT ON TABLE pgwork.channel_minute IS
-    'Per channel, minute (by the daemon''s clock) and daemon: its attempts recorded that minute. '
+    'Per channel, minute (by the database''s clock) and daemon: the attempts it recorded that minute. '
     'A trend for the web page, written by each daemon every few seconds; the ledger is the record.';
+COMMENT ON COLUMN pgwork.channel_minute.written_by IS 'The daemon''s id and a token of its process (a restarted daemon writes minutes of its own).';
 COMMENT ON COLUMN pgwork.channel_minute.delivered IS 'Attempts delivered (a duplicate answer included).';
 COMMENT ON COLUMN pgwork.channel_minute.failed IS 'Attempts that did not deliver (to be retried, or dead).';
 COMMENT ON COLUMN pgwork.channel_minute.dead IS 'Of the failed, those that made the row dead.';

@@ -573,6 +573,16 @@ async def test_app_role_can_schedule_move_cancel_and_nothing_else(
         await conn.execute(f"DROP ROLE {app}")
 
 
+def test_the_top_level_schema_is_the_one_pgwork_installs() -> None:
+    """The layout puts schema.sql at the top of the repository, and the package reads
+    pgwork/sql/schema.sql: one file under two names (a link), so an edit of either is an edit of
+    both. An editor that writes a new file in the link's place (`sed -i`) left the top-level one
+    stale."""
+    root = Path(__file__).resolve().parent.parent
+    assert (root / "pgwork" / "sql" / "schema.sql").is_symlink()
+    assert (root / "pgwork" / "sql" / "schema.sql").resolve() == (root / "schema.sql").resolve()
+
+
 def test_every_named_statement_has_one_typed_function() -> None:
     """pgwork.store binds each statement of sql/queries/ once; the package calls nothing else."""
     import inspect
