@@ -202,3 +202,30 @@ async def test_channel_after_flush(
     if expected.get("failures") is None:
         expected["failures"] = 0
     assert got == expected, what
+
+
+@pytest.mark.parametrize(
+    ("limits", "limited", "cap"),
+    [
+        ({}, False, None),
+        ({"rate_limit": 50.0}, True, None),
+        ({"global_concurrency": 4}, True, 4),
+        ({"throttle_limit": 2}, True, 2),
+        ({"global_concurrency": 4, "throttle_limit": 6}, True, 4),
+        ({"global_concurrency": 4, "throttle_limit": 1}, True, 1),
+    ],
+)
+async def test_a_limit_in_force_is_one_definition(
+    conn: psycopg.AsyncConnection[Any], limits: dict[str, Any], limited: bool, cap: int | None
+) -> None:
+    """ "A limit is in force" was written three times in SQL (the claim's two steps, the page)
+    and "how many may be claimed at once" twice: ``pgwork.limited`` and ``pgwork.claim_cap``
+    are the one definition each, asked of a channel row."""
+    row = {**PLAIN, **limits}
+    got = await rows(
+        conn,
+        "SELECT pgwork.limited(c) AS limited, pgwork.claim_cap(c) AS cap "
+        "FROM jsonb_populate_record(NULL::pgwork.channel, %s::jsonb) AS c",
+        [json.dumps(row)],
+    )
+    assert got == [{"limited": limited, "cap": cap}]

@@ -115,7 +115,9 @@ class ChannelRunner:
         c = channel.config
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
         #: Configured limits that claims count (under the channel's lock, see
-        #: pgwork.claim_lanes): the materialiser's page does not claim for such a channel.
+        #: pgwork.claim_lanes): the materialiser's page does not claim for such a channel. The
+        #: config's half of pgwork.limited (work.sql), which also counts a throttle limit: the
+        #: page asks that too.
         self.lock_channel = c.rate_limit is not None or c.global_concurrency is not None
         self.claim_batch = cfg.claim_batch
         self.tick = cfg.tick

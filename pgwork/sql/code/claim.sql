@@ -29,7 +29,7 @@ BEGIN
     RETURN QUERY
     SELECT (SELECT c.name FROM pgwork.channel c
              WHERE c.name = claim_lanes.channel
-               AND (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
+               AND pgwork.limited(c)
                FOR NO KEY UPDATE) AS channel_locked,
            coalesce((SELECT array_agg(l.source ORDER BY l.turn_at, l.source)
                        FROM (SELECT l.source, l.turn_at FROM pgwork.lane l
@@ -80,13 +80,12 @@ BEGIN
         SELECT c.name,
                CASE WHEN c.paused OR c.not_before > now() THEN 0
                     -- A limit to count, and this transaction does not hold the lock (claim_lanes).
-                    WHEN (c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL)
-                         AND claim_rows.channel_locked IS DISTINCT FROM c.name THEN 0
+                    WHEN pgwork.limited(c) AND claim_rows.channel_locked IS DISTINCT FROM c.name THEN 0
                     ELSE greatest(0, least(
                         claim_rows.claim_limit,
                         -- least() skips NULLs: no cap, no limit from it.
-                        least(c.global_concurrency, c.throttle_limit)
-                            - CASE WHEN c.global_concurrency IS NULL AND c.throttle_limit IS NULL THEN 0
+                        pgwork.claim_cap(c)
+                            - CASE WHEN pgwork.claim_cap(c) IS NULL THEN 0
                                    ELSE pgwork.claimed_now(c.name) END,
                         floor(t.tokens)))::int
                END AS budget,

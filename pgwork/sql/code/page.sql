@@ -253,7 +253,7 @@ BEGIN
          WHERE o.n <= t.room
            AND (t.expire_after IS NULL OR o.fire_at + t.expire_after >= now())
            AND NOT c.paused AND (c.not_before IS NULL OR c.not_before <= now())
-           AND c.rate_limit IS NULL AND c.global_concurrency IS NULL AND c.throttle_limit IS NULL
+           AND NOT pgwork.limited(c)
     ), made AS (
         INSERT INTO pgwork.renewal_work AS w
                (reminder_id, source, business_key, deadline, occurrence, due_at, channel, operation_id,

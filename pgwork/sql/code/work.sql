@@ -30,6 +30,25 @@ RETURN CASE coalesce(policy, 'all') WHEN 'none' THEN fire_at < planned_at
 COMMENT ON FUNCTION pgwork.skipped_by_catch_up(text, timestamptz, timestamptz, timestamptz) IS
     'Whether a channel''s catch_up policy skips a send that fired before its reminder was written or moved.';
 
+-- A limit is in force on a channel: a rate limit, a global concurrency, or a throttle limit (a
+-- receiver's throttling answers, the circuit breaker's one probe at a time). Its claims are then
+-- counted under the channel's row lock (pgwork.claim_lanes), and the materialiser's page claims
+-- none for it. The one definition: the claim, the page and the gate's reading ask it (the daemon
+-- skips the page's claim for a channel whose config sets one, before any throttle is known).
+CREATE OR REPLACE FUNCTION pgwork.limited(c pgwork.channel) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN c.rate_limit IS NOT NULL OR c.global_concurrency IS NOT NULL OR c.throttle_limit IS NOT NULL;
+COMMENT ON FUNCTION pgwork.limited(pgwork.channel) IS
+    'Whether a limit is in force on a channel (rate limit, global concurrency, throttle limit): its claims are counted under its lock.';
+
+-- How many rows of a channel may be claimed at once across daemons: its global concurrency or
+-- a throttle's reduced limit, the lower; NULL when neither caps it.
+CREATE OR REPLACE FUNCTION pgwork.claim_cap(c pgwork.channel) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN least(c.global_concurrency, c.throttle_limit);
+COMMENT ON FUNCTION pgwork.claim_cap(pgwork.channel) IS
+    'The most rows of a channel claimed at once (global concurrency or throttle limit, the lower); NULL: no cap.';
+
 CREATE OR REPLACE FUNCTION pgwork.claimed_now(channel text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN (SELECT count(*) FROM pgwork.work_lease h

@@ -39,8 +39,8 @@ SELECT extract(epoch FROM least(
             (least(c.rate_burst, greatest(1, c.rate_limit * 0.05))
              - pgwork.tokens_now(c.rate_limit, c.rate_burst, c.tokens, c.tokens_at))
             / c.rate_limit)::float8 END AS tokens_s,
-       CASE WHEN least(c.global_concurrency, c.throttle_limit) IS NULL THEN false  -- no count
-            ELSE least(c.global_concurrency, c.throttle_limit) <= pgwork.claimed_now(c.name)
+       CASE WHEN pgwork.claim_cap(c) IS NULL THEN false  -- no count
+            ELSE pgwork.claim_cap(c) <= pgwork.claimed_now(c.name)
        END AS full
   FROM (SELECT 1) AS one
   LEFT JOIN pgwork.channel c ON c.name = %(channel)s
