@@ -868,3 +868,43 @@ async def test_trend_minutes_older_than_two_days_are_pruned_in_batches(
         "FROM pgwork.channel_minute",
     )
     assert left == {"n": 48 * 60, "recent": True}
+
+
+async def test_an_outcome_counted_while_its_minute_is_written_is_written_next_time(
+    dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer forgot what changed after each write, including what was counted while the
+    write was in flight: that outcome's minute, once past, was never written again. What is
+    counted during a write is written by the next."""
+    from pgwork import store
+    from pgwork.duties.outcomes import Record
+
+    def record(i: int) -> Record:
+        return Record(i, 1, 1, "hook", "delivered", "delivered", None, 0.0, 0.01)
+
+    pool = db.make_pool(dsn, 1, 5.0)
+    async with pool:
+        trends = Trends(pool, Supervisor(Metrics()), "d", Clock())
+        real = store.trend_write
+
+        async def meanwhile(conn: Any, **kw: Any) -> None:
+            await real(conn, **kw)
+            trends.count([record(2)], set())  # recorded while the write was under way
+
+        async def refused(conn: Any, **kw: Any) -> None:
+            raise psycopg.OperationalError("the server went away")
+
+        trends.count([record(1)], set())
+        monkeypatch.setattr(store, "trend_write", meanwhile)
+        await trends.write()
+        monkeypatch.setattr(store, "trend_write", real)
+        await trends.write()
+        # A write that fails keeps what it was to write for the next.
+        trends.count([record(3)], set())
+        monkeypatch.setattr(store, "trend_write", refused)
+        with pytest.raises(psycopg.OperationalError):
+            await trends.write()
+        monkeypatch.setattr(store, "trend_write", real)
+        await trends.write()
+    (got,) = await rows(conn, "SELECT sum(delivered)::int AS n FROM pgwork.channel_minute")
+    assert got == {"n": 3}

@@ -112,13 +112,17 @@ class Trends:
         can no longer change (before the current one) are forgotten once written."""
         if not self._changed:
             return 0
-        changed = list(self._changed)
+        # What is counted from here on (during the write) is the next write's.
+        changed, self._changed = self._changed, set()
         minutes = json.dumps(
             [{"channel": c, "minute": t, **asdict(self._minutes[(c, t)])} for c, t in changed]
         )
-        async with self.pool.connection() as conn:
-            await store.trend_write(conn, written_by=self.written_by, minutes=minutes)
-        self._changed.difference_update(changed)
+        try:
+            async with self.pool.connection() as conn:
+                await store.trend_write(conn, written_by=self.written_by, minutes=minutes)
+        except BaseException:
+            self._changed |= changed
+            raise
         now = int(self.clock.epoch(time.monotonic()) // 60 * 60)
         for key in [k for k in self._minutes if k[1] < now and k not in self._changed]:
             del self._minutes[key]
