@@ -65,6 +65,13 @@ def _ms(seconds: float | None) -> str:
     return "none" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
+def _span(minutes: int) -> str:
+    """A window as an operator says it: ``60 minutes``, ``3 hours``."""
+    if minutes > 60 and minutes % 60 == 0:
+        return f"{minutes // 60} hours"
+    return f"{minutes} minutes"
+
+
 def _label(b: Bar, per: int) -> str:
     at = b.start.strftime("%H:%M")
     return at if per == 1 else f"{at}+{per}min"
@@ -96,11 +103,11 @@ def trend(minutes: Sequence[TrendMinute], end: datetime, window: int) -> str:
     delivered = sum(b.delivered for b in bs)
     failed = sum(b.failed for b in bs)
     if not delivered + failed + sum(b.fenced for b in bs):
-        return f'<p class="note">No attempts recorded in the last {window} minutes.</p>'
+        return f'<p class="note">No attempts recorded in the last {_span(window)}.</p>'
     took = sum(b.took_sum for b in bs) / (delivered + failed) if delivered + failed else None
     slowest = max((b.took_max for b in bs if b.took_max is not None), default=None)
     summary = (
-        f"<p>Last {window} minutes: <b>{delivered}</b> delivered, "
+        f"<p>Last {_span(window)}: <b>{delivered}</b> delivered, "
         f'<span class="{"bad" if failed else "ok"}">{failed} failed</span> '
         f"({sum(b.dead for b in bs)} dead), {sum(b.fenced for b in bs)} fenced; "
         f"an attempt took {_ms(took)} on average, {_ms(slowest)} at most"

@@ -175,7 +175,7 @@ async def test_every_page_shows_each_state_and_runs_no_injected_script(
         await b.goto(url + "/channel/hook")
         text = await b.text()
         assert "lease:0" in text and "lease:1" in text and "lease:sent" not in text
-        assert "Last 180 minutes:" in text and "failed (6 dead)" in text, text
+        assert "Last 3 hours:" in text and "failed (6 dead)" in text, text
         assert await b.eval("document.querySelectorAll('svg g').length") == 2 * 180
         await _no_script_ran(b)
         await b.screenshot(_shot(tmp_path, "channel"))
@@ -824,7 +824,7 @@ async def test_a_channels_page_draws_its_trend_from_what_its_daemons_recorded(
     async with _serving(dsn, hook) as url, _client() as s:
         status, html = await _get(s, f"{url}/channel/hook")
         assert status == 200
-        assert "Last 180 minutes: <b>3</b> delivered" in html, html
+        assert "Last 3 hours: <b>3</b> delivered" in html, html
         assert "2 failed</span> (2 dead)" in html, html
         # Each bar's numbers are its tooltip: together they are the window's.
         tips = re.findall(r"<title>\d\d:\d\d: (\d+) delivered, (\d+) failed", html)
@@ -832,11 +832,11 @@ async def test_a_channels_page_draws_its_trend_from_what_its_daemons_recorded(
         assert re.search(r"<title>\d\d:\d\d: \d+ ms on average, \d+ ms at most</title>", html)
         assert _link_to(html, "/channel/hook?hours=48")
         _, html = await _get(s, f"{url}/channel/hook?hours=48")
-        assert "Last 2880 minutes" in html and "a bar is 16 minutes" in html, html
+        assert "Last 48 hours" in html and "a bar is 16 minutes" in html, html
         _, html = await _get(s, f"{url}/channel/hook?hours=7")  # not offered: the default
-        assert "Last 180 minutes" in html
+        assert "Last 3 hours" in html
         _, html = await _get(s, f"{url}/channel/test")
-        assert "No attempts recorded in the last 180 minutes" in html, html
+        assert "No attempts recorded in the last 3 hours" in html, html
 
 
 def _link_to(html: str, href: str) -> bool:
