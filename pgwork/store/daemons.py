@@ -1,5 +1,6 @@
-"""The statements of daemons and channels: registration, heartbeats, a channel's state, pause, resume, retire, bound
-(``pgwork/sql/queries/daemons.sql``)."""
+"""The bindings of room daemons: the statements of daemons and channels: registration, heartbeats,
+a channel's state, pause, resume, retire (``pgwork/sql/queries/daemons.sql``), one typed
+function each."""
 
 from __future__ import annotations
 

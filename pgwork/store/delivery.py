@@ -1,5 +1,5 @@
-"""The statements of delivery: the claim, a channel's gate, the outcomes, leases, bound
-(``pgwork/sql/queries/delivery.sql``)."""
+"""The bindings of room delivery: the statements of delivery: the claim, a channel's gate, the
+outcomes, leases (``pgwork/sql/queries/delivery.sql``), one typed function each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The statements of gauges and status: lag, work counts, table health, the xmin horizon, lock holders, bound
-(``pgwork/sql/queries/gauges.sql``)."""
+"""The bindings of room gauges: the statements of gauges and status: lag, work counts, table
+health, the xmin horizon, lock holders (``pgwork/sql/queries/gauges.sql``), one typed function
+each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The statements of what an operator reads and redrives: dead letters, rows, a reminder's history, pages of the web view, bound
-(``pgwork/sql/queries/inspect.sql``)."""
+"""The bindings of room inspect: the statements of what an operator reads and redrives: dead
+letters, rows, a reminder's history, pages of the web view (``pgwork/sql/queries/inspect.sql``),
+one typed function each."""
 
 from __future__ import annotations
 

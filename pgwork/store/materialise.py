@@ -1,5 +1,6 @@
-"""The statements of the materialiser: pages of due reminders made into work, the reminders set aside, bound
-(``pgwork/sql/queries/materialise.sql``)."""
+"""The bindings of room materialise: the statements of the materialiser: pages of due reminders
+made into work, the reminders set aside (``pgwork/sql/queries/materialise.sql``), one typed
+function each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The statements of retention: batches of old terminal rows, its pause and its passes, bound
-(``pgwork/sql/queries/retention.sql``)."""
+"""The bindings of room retention: the statements of retention: batches of old terminal rows, its
+pause and its passes (``pgwork/sql/queries/retention.sql``), one typed function each."""
 
 from __future__ import annotations
 

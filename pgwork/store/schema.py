@@ -1,5 +1,6 @@
-"""The statements of the schema: its version and code, migrate's locks and steps, the step-aside handshake, bound
-(``pgwork/sql/queries/schema.sql``)."""
+"""The bindings of room schema: the statements of the schema: its version and code, migrate's locks
+and steps, the step-aside handshake (``pgwork/sql/queries/schema.sql``), one typed function
+each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The statements of the server itself: its clock, standby or primary, LISTEN, a ping, bound
-(``pgwork/sql/queries/server.sql``)."""
+"""The bindings of room server: the statements of the server itself: its clock, standby or primary,
+LISTEN, a ping (``pgwork/sql/queries/server.sql``), one typed function each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The statements of trends: each channel's attempts per minute, bound
-(``pgwork/sql/queries/trends.sql``)."""
+"""The bindings of room trends: the statements of trends: each channel's attempts per minute
+(``pgwork/sql/queries/trends.sql``), one typed function each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
--- The statements of daemons and channels: registration, heartbeats, a channel's state, pause, resume, retire: each named, bound in pgwork/store/daemons.py.
+-- Room daemons: the statements of daemons and channels: registration, heartbeats, a channel's state, pause, resume, retire.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/daemons.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: register_channels

@@ -1,4 +1,5 @@
--- The statements of delivery: the claim, a channel's gate, the outcomes, leases: each named, bound in pgwork/store/delivery.py.
+-- Room delivery: the statements of delivery: the claim, a channel's gate, the outcomes, leases.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/delivery.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: type_fields

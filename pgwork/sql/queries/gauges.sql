@@ -1,4 +1,5 @@
--- The statements of gauges and status: lag, work counts, table health, the xmin horizon, lock holders: each named, bound in pgwork/store/gauges.py.
+-- Room gauges: the statements of gauges and status: lag, work counts, table health, the xmin horizon, lock holders.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/gauges.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: work_states

@@ -1,4 +1,5 @@
--- The statements of what an operator reads and redrives: dead letters, rows, a reminder's history, pages of the web view: each named, bound in pgwork/store/inspect.py.
+-- Room inspect: the statements of what an operator reads and redrives: dead letters, rows, a reminder's history, pages of the web view.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/inspect.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: dlq_list

@@ -1,4 +1,5 @@
--- The statements of the materialiser: pages of due reminders made into work, the reminders set aside: each named, bound in pgwork/store/materialise.py.
+-- Room materialise: the statements of the materialiser: pages of due reminders made into work, the reminders set aside.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/materialise.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: materialise_page

@@ -1,4 +1,5 @@
--- The statements of retention: batches of old terminal rows, its pause and its passes: each named, bound in pgwork/store/retention.py.
+-- Room retention: the statements of retention: batches of old terminal rows, its pause and its passes.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/retention.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: retention_paused

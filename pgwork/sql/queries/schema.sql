@@ -1,4 +1,5 @@
--- The statements of the schema: its version and code, migrate's locks and steps, the step-aside handshake: each named, bound in pgwork/store/schema.py.
+-- Room schema: the statements of the schema: its version and code, migrate's locks and steps, the step-aside handshake.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/schema.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: schema_installed

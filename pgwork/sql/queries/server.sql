@@ -1,4 +1,5 @@
--- The statements of the server itself: its clock, standby or primary, LISTEN, a ping: each named, bound in pgwork/store/server.py.
+-- Room server: the statements of the server itself: its clock, standby or primary, LISTEN, a ping.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/server.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: listen

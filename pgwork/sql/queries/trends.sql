@@ -1,4 +1,5 @@
--- The statements of trends: each channel's attempts per minute: each named, bound in pgwork/store/trends.py.
+-- Room trends: the statements of trends: each channel's attempts per minute.
+-- Each is named once (across pgwork/sql/queries/) and bound in pgwork/store/trends.py.
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: trend_write
