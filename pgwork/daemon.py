@@ -25,7 +25,7 @@ from . import build, db, eventloop, logs, store
 from .channels import Channel, make_channel
 from .clock import Clock
 from .config import Config
-from .duties.deliver import Deliveries
+from .duties.deliver import Deliveries, Wiring
 from .duties.gauges import Gauges
 from .duties.leases import Heartbeat, Leases
 from .duties.listener import Listener
@@ -191,15 +191,17 @@ class Daemon:
         work_made = WakerGroup()
         deliveries = Deliveries(
             channels,
-            pool,
-            writer,
-            leases,
-            sup,
-            cfg,
-            identity=self.identity,
-            clock=self.clock,
-            woken_by=work_made,
-            tracer=Tracer(self.tracer_provider) if cfg.tracing_enabled else None,
+            Wiring(
+                pool,
+                writer,
+                leases,
+                sup,
+                cfg,
+                self.identity,
+                clock=self.clock,
+                woken_by=work_made,
+                tracer=Tracer(self.tracer_provider) if cfg.tracing_enabled else None,
+            ),
         )
         materialiser = Materialiser(
             pool,

@@ -215,6 +215,25 @@ class Record:
         """What a claim is known by: the row and the lease that claimed it."""
         return (self.work_id, self.lease)
 
+    def log_fields(self, row: store.Claimed, outcome: str, took: float) -> dict[str, Any]:
+        """What the log line of this attempt carries once settled: the occurrence it was for
+        (``row``), the ``outcome`` as counted (``fenced`` for a late one) and how long it took."""
+        return {
+            "work_id": self.work_id,
+            "operation_id": str(row.operation_id),
+            "source": row.source,
+            "business_key": row.business_key,
+            "recipient": row.recipient,
+            "channel": self.channel,
+            "attempt": self.attempt,
+            "outcome": outcome,
+            "status": self.status,
+            "duration_ms": round(took * 1000, 2),
+            "http_status": self.http_status,
+            **({"error": self.error} if self.error else {}),
+            **({"retry_in_s": round(self.retry_after, 3)} if self.retry_after is not None else {}),
+        }
+
     def cleaned(self, cleaner: Cleaner | None = None) -> Record:
         """This record as Postgres can store it (see the ``clean_*`` functions), with every
         configured secret masked (a receiver may echo the request's headers back), and its

@@ -7,8 +7,8 @@ claim loop and workers around them; ``deliveries`` every channel as one duty, an
 from __future__ import annotations
 
 from .capacity import Capacity
-from .channel import ChannelRunner, Lifecycle
+from .channel import ChannelRunner, Lifecycle, Wiring
 from .deliveries import Deliveries
 from .gate import Gate, GateState
 
-__all__ = ["Capacity", "ChannelRunner", "Deliveries", "Gate", "GateState", "Lifecycle"]
+__all__ = ["Capacity", "ChannelRunner", "Deliveries", "Gate", "GateState", "Lifecycle", "Wiring"]

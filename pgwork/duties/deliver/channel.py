@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -55,6 +56,24 @@ class _Started(NamedTuple):
     span: Any
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """What every channel's runner is built with, made once by the daemon: the pool, the outcome
+    writer, the lease registry, the supervisor, the config, this daemon's identity and the
+    database's clock as seen from here, the waker rows made and NOTIFYs ring, the tracer."""
+
+    pool: AsyncConnectionPool[AsyncConnection[Any]]
+    writer: OutcomeWriter
+    leases: Leases
+    sup: Supervisor
+    cfg: Config
+    identity: store.Identity
+    clock: Clock = field(default_factory=Clock)
+    woken_by: WakerGroup | None = None
+    #: OpenTelemetry spans (tracing.enabled); None: off, and nothing on the path below pays.
+    tracer: Tracer | None = None
+
+
 class ChannelRunner:
     """One channel: a claim loop that keeps a queue topped up, and ``concurrency`` long-lived
     delivery workers that take rows from it.
@@ -80,33 +99,20 @@ class ChannelRunner:
     #: Batches of delivered rows whose outcomes may wait to be written (see Capacity).
     WRITING_BATCHES = 2
 
-    def __init__(
-        self,
-        channel: Channel,
-        pool: AsyncConnectionPool[AsyncConnection[Any]],
-        writer: OutcomeWriter,
-        leases: Leases,
-        sup: Supervisor,
-        cfg: Config,
-        *,
-        identity: store.Identity,
-        clock: Clock | None = None,
-        woken_by: WakerGroup | None = None,
-        tracer: Tracer | None = None,
-    ) -> None:
+    def __init__(self, channel: Channel, wiring: Wiring) -> None:
+        cfg, identity = wiring.cfg, wiring.identity
         self.channel = channel
-        #: OpenTelemetry spans (tracing.enabled); None: off, and nothing on the path below pays.
-        self.tracer = tracer
-        self.sup = sup
-        metrics = sup.metrics
-        self.clock = clock or Clock()
+        self.tracer = wiring.tracer
+        self.sup = wiring.sup
+        metrics = wiring.sup.metrics
+        self.clock = wiring.clock
         self.attempt_timeout = channel.config.attempt_timeout
         self.name = channel.config.name
         self.policy = channel.config.retry
         self.concurrency = channel.config.concurrency
-        self.pool = pool
-        self.writer = writer
-        self.leases = leases
+        self.pool = wiring.pool
+        self.writer = wiring.writer
+        self.leases = wiring.leases
         self.metrics = metrics
         self.identity = identity
         self.daemon_id = identity.daemon_id
@@ -122,9 +128,9 @@ class ChannelRunner:
         self.claim_batch = cfg.claim_batch
         self.tick = cfg.tick
         self.waker = Waker()
-        if woken_by is not None:
-            woken_by.add(self.waker)  # rows made (materialiser), NOTIFY (listener)
-        writer.subscribe(self.name, self.settle)
+        if wiring.woken_by is not None:
+            wiring.woken_by.add(self.waker)  # rows made (materialiser), NOTIFY (listener)
+        wiring.writer.subscribe(self.name, self.settle)
         # The state below, and the task that writes each (the claim loop, the workers, the
         # reaper, the materialiser's page, the outcome writer's settle, the listener, the stop):
         #: Rows held and the room for more: the claim loop and the page (taken, reserve), the
@@ -552,25 +558,7 @@ class ChannelRunner:
                     level,
                     "dead letter after attempt %s" if r.status == Status.DEAD else "attempt %s",
                     outcome,
-                    extra={
-                        "work_id": r.work_id,
-                        "operation_id": str(row.operation_id),
-                        "source": row.source,
-                        "business_key": row.business_key,
-                        "recipient": row.recipient,
-                        "channel": self.name,
-                        "attempt": r.attempt,
-                        "outcome": outcome,
-                        "status": r.status,
-                        "duration_ms": round(elapsed * 1000, 2),
-                        "http_status": r.http_status,
-                        **({"error": r.error} if r.error else {}),
-                        **(
-                            {"retry_in_s": round(r.retry_after, 3)}
-                            if r.retry_after is not None
-                            else {}
-                        ),
-                    },
+                    extra=r.log_fields(row, outcome, elapsed),
                 )
         for label, n in counted.items():
             self._m_attempts[label].inc(n)

@@ -4,23 +4,14 @@ two-stage stop."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
 
 from ... import store
 from ...channels import Channel
-from ...clock import Clock
-from ...config import Config
-from ...supervise import Supervisor
-from ...tracing import Tracer
-from ...waker import WakerGroup
-from ..leases import Leases, release_all
-from ..outcomes import OutcomeWriter
-from .channel import ChannelRunner
+from ..leases import release_all
+from .channel import ChannelRunner, Wiring
 
 log = logging.getLogger("pgwork.worker")
 
@@ -40,39 +31,12 @@ class Deliveries:
     #: Bound on the final flush and release after the grace period, seconds.
     FINAL_STEPS_TIMEOUT = 10.0
 
-    def __init__(
-        self,
-        channels: dict[str, Channel],
-        pool: AsyncConnectionPool[AsyncConnection[Any]],
-        writer: OutcomeWriter,
-        leases: Leases,
-        sup: Supervisor,
-        cfg: Config,
-        *,
-        identity: store.Identity,
-        clock: Clock,
-        woken_by: WakerGroup,
-        tracer: Tracer | None = None,
-    ) -> None:
-        self.pool = pool
-        self.writer = writer
-        self.leases = leases
-        self.identity = identity
-        self.runners = [
-            ChannelRunner(
-                ch,
-                pool,
-                writer,
-                leases,
-                sup,
-                cfg,
-                identity=identity,
-                clock=clock,
-                woken_by=woken_by,
-                tracer=tracer,
-            )
-            for ch in channels.values()
-        ]
+    def __init__(self, channels: dict[str, Channel], wiring: Wiring) -> None:
+        self.pool = wiring.pool
+        self.writer = wiring.writer
+        self.leases = wiring.leases
+        self.identity = wiring.identity
+        self.runners = [ChannelRunner(ch, wiring) for ch in channels.values()]
         self._work: TaskGroup | None = None
         self._stopped = anyio.Event()
 
