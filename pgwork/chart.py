@@ -98,8 +98,9 @@ def _bar(tip: str, rects: list[str]) -> str:
 
 
 def trend(minutes: Sequence[TrendMinute], end: datetime, window: int) -> str:
-    """The trend section: a summary line and two charts (each bar's numbers in its tooltip)."""
-    bs, per = bars(minutes, end.astimezone(UTC), window)
+    """The trend section: a summary line and two charts (each bar's numbers in its tooltip), of
+    the ``window`` minutes up to the one ``end`` falls in."""
+    bs, per = bars(minutes, end.astimezone(UTC).replace(second=0, microsecond=0), window)
     delivered = sum(b.delivered for b in bs)
     failed = sum(b.failed for b in bs)
     if not delivered + failed + sum(b.fenced for b in bs):

@@ -617,9 +617,7 @@ class WebApp:
             f"<b>{h} h</b>" if h == hours else _link(f"/channel/{name}", f"{h} h", hours=h)
             for h in sorted(TREND_HOURS)
         )
-        trend_html = f"<h2>Trend</h2><p>{windows}</p>" + chart.trend(
-            trend, now.replace(second=0, microsecond=0), hours * 60
-        )
+        trend_html = f"<h2>Trend</h2><p>{windows}</p>" + chart.trend(trend, now, hours * 60)
         return self._page(
             request,
             f"Channel {name}",
