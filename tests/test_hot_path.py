@@ -1269,3 +1269,22 @@ async def test_a_statement_that_makes_no_row_ready_leaves_the_lanes_alone(
                 daemon, outcomes=json.dumps([record]), daemon_id="d", host="h", pid=1
             )
             assert upserts() == (said["status"] == "ready")
+
+
+async def test_the_pages_planner_settings_are_its_own(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The page read by key because it set the planner's settings for the whole transaction
+    (set_config, local): whatever a session ran after it in that transaction was planned without
+    sequential scans and with generic plans too. The settings are the function's own now, as the
+    claim's are: in force inside it, in any session, and gone after it returns; only
+    synchronous_commit, which must hold at the commit, stays the transaction's."""
+    async with conn.transaction():
+        await conn.execute(
+            "SELECT * FROM pgwork.materialise_page(false, NULL, '0', NULL, 0, 10, 'test', "
+            "'[]'::jsonb, '1 minute', 'test', '{}')"
+        )
+        cur = await conn.execute(
+            "SELECT current_setting('enable_seqscan') AS seqscan, "
+            "current_setting('plan_cache_mode') AS plans, "
+            "current_setting('synchronous_commit') AS sync"
+        )
+        assert await cur.fetchone() == ("on", "auto", "off")

@@ -50,7 +50,10 @@
 -- keys), whatever the statistics said when its plan was made. A plan made while the tables were
 -- empty or small, and kept, advanced the page's reminders by a sequential scan of all of them
 -- on every pass (tests/test_hot_path.py::test_a_page_planned_on_empty_tables_reads_by_key).
--- The three settings are transaction-local.
+-- The planner settings are the function's own (SET below), as the claim's and the lease
+-- functions' are: they hold in any session that calls it (a daemon's, an operator's, one behind
+-- PgBouncer), and in none after. synchronous_commit is the transaction's: it must hold at the
+-- commit, after the function returned.
 CREATE OR REPLACE FUNCTION pgwork.materialise_page(
     coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
     after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
@@ -59,7 +62,7 @@ RETURNS TABLE (
     cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
     notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
     unfinished bigint, claimed pgwork.claimed)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     got boolean;
@@ -78,9 +81,7 @@ BEGIN
               USING HINT = 'a default_transaction_isolation set on the database or role applies to '
                            'pgwork''s sessions too: set it to read committed for the daemon''s role';
     END IF;
-    PERFORM set_config('synchronous_commit', 'off', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true),
-            set_config('enable_seqscan', 'off', true);
+    PERFORM set_config('synchronous_commit', 'off', true);
     got := CASE WHEN materialise_page.coordinate
                 THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
                 ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END;
