@@ -24,6 +24,8 @@ import psycopg
 
 from pgwork import db, migration
 from pgwork.channels import Delivered, Delivery, WebhookChannel
+from pgwork.channels.python import PythonOptions
+from pgwork.channels.webhook import WebhookOptions
 from pgwork.config import ChannelConfig, Config, RetentionPolicy, RetryPolicy
 from pgwork.daemon import Daemon
 from pgwork.duties import gauges
@@ -129,7 +131,7 @@ def noop_channel(concurrency: int = CONCURRENCY) -> ChannelConfig:
     return ChannelConfig(
         name="noop",
         kind="python",
-        target="bench.noop:deliver",
+        options=PythonOptions(target="bench.noop:deliver"),
         concurrency=concurrency,
         retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
     )
@@ -272,7 +274,7 @@ def webhook_channel(url: str, concurrency: int) -> ChannelConfig:
     return ChannelConfig(
         name="hook",
         kind="webhook",
-        url=url,
+        options=WebhookOptions(url=url),
         concurrency=concurrency,
         retry=RetryPolicy(max_attempts=3, base=0.1, cap=1.0),
     )

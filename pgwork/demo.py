@@ -25,6 +25,7 @@ from aiohttp import web
 
 from . import config as config_mod
 from . import db
+from .channels.webhook import signing_key
 
 #: The three reminders, by business key, and what the receiver answers each (attempt by attempt).
 STORY = {
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     token = secrets.token_hex(12)
-    receiver = Receiver(config_mod.signing_key(secret))
+    receiver = Receiver(signing_key(secret))
     data = Path(args.dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
 

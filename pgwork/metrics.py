@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from .config import ConfigError, listen_ports
+from .options import ConfigError, listen_ports
 
 log = logging.getLogger("pgwork.metrics")
 

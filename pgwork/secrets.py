@@ -4,15 +4,32 @@ line, an error, a stored row or a process list. Whatever could echo one passes t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from .config import Config
+from .options import declared
+from .settings import ChannelConfig
 
 MASK = "***"
+
+
+class Configured(Protocol):
+    """What of a pgwork.config.Config holds secrets (this module is below the configuration,
+    which logs through it)."""
+
+    @property
+    def dsn(self) -> str | None: ...
+    @property
+    def retention_dsn(self) -> str | None: ...
+    @property
+    def listen_dsn(self) -> str | None: ...
+    @property
+    def web_token(self) -> str | None: ...
+    @property
+    def channels(self) -> Mapping[str, ChannelConfig]: ...
 
 
 class Secrets:
@@ -55,21 +72,28 @@ class Secrets:
         return value
 
     @classmethod
-    def from_config(cls, cfg: Config, *dsns: str | None) -> Secrets:
-        """The passwords of the configured DSNs (and ``dsns``) and every webhook header value
-        (operators put tokens there; masking a harmless one costs nothing)."""
+    def from_config(cls, cfg: Configured, *dsns: str | None) -> Secrets:
+        """The passwords of the configured DSNs (and ``dsns``), and every value of a channel
+        option its kind declares as secrets or headers (operators put tokens in headers; masking
+        a harmless one costs nothing)."""
         s = cls()
         for dsn in (cfg.dsn, cfg.retention_dsn, cfg.listen_dsn, *dsns):
             s.add(dsn_password(dsn))
         s.add(cfg.web_token)
         for ch in cfg.channels.values():
-            for secret in ch.signing_secrets:
-                s.add(secret)
-                s.add(secret.removeprefix("whsec_"))
-            for value in ch.headers.values():
-                s.add(value)
-                # "Bearer <token>": the token alone may be echoed too.
-                s.add(value.partition(" ")[2])
+            if ch.options is None:
+                continue
+            for f in declared(type(ch.options)).values():
+                held = getattr(ch.options, f.name)
+                if f.metadata["kind"] == "secrets":
+                    for secret in held:
+                        s.add(secret)
+                        s.add(secret.removeprefix("whsec_"))
+                elif f.metadata["kind"] == "headers":
+                    for value in held.values():
+                        s.add(value)
+                        # "Bearer <token>": the token alone may be echoed too.
+                        s.add(value.partition(" ")[2])
         return s
 
 

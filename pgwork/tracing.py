@@ -112,15 +112,16 @@ class Tracer:
             ).end(end_time=_ns(ended))
 
     def deliver_start(
-        self, key: ClaimKey, channel: str, kind: str
+        self, key: ClaimKey, channel: str, remote: bool
     ) -> tuple[Any, str | None, str | None]:
-        """The deliver span, and the traceparent/tracestate a request should carry (its own)."""
+        """The deliver span (a client's when the channel sends to another host: ``remote``),
+        and the traceparent/tracestate a request should carry (its own)."""
         trace = self._trace
         job = self._jobs.get(key)
         span = self._tracer.start_span(
             f"pgwork.deliver {channel}",
             context=trace.set_span_in_context(job) if job is not None else None,
-            kind=trace.SpanKind.CLIENT if kind == "webhook" else trace.SpanKind.INTERNAL,
+            kind=trace.SpanKind.CLIENT if remote else trace.SpanKind.INTERNAL,
             attributes={"pgwork.channel": channel, "pgwork.work_id": key[0]},
         )
         carrier: dict[str, str] = {}

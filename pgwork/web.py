@@ -33,6 +33,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import build, chart, store
+from .channels import KINDS
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
 from .durations import interval_text, parse_duration
 from .duties import gauges
@@ -694,25 +695,16 @@ class WebApp:
         return self._page(request, f"Work {work_id}", body)
 
     def _request(self, w: dict[str, Any]) -> str:
-        """The request each attempt of a webhook row sends, as this config's channel makes it:
-        its URL and headers with the row's values; configured headers by name only."""
+        """What each attempt of the row sends, as this config's channel makes it, when its kind
+        can say (a webhook: its URL and headers with the row's values, configured headers by
+        name only)."""
         c = self.cfg.channels.get(w["channel"])
-        if c is None or c.kind != "webhook":
+        kind = KINDS.get(c.kind) if c is not None else None
+        if c is None or kind is None or kind.request is None:
             return ""
-        op = w["operation_id"]
-        lines = [
-            f"POST {c.url}",
-            "Content-Type: application/json",
-            f"Idempotency-Key: {op}",
-            f"webhook-id: {op}",
-            "webhook-timestamp: (each attempt's start, Unix seconds)",
-        ]
-        if c.signing_secrets:
-            lines.append("webhook-signature: v1,… (HMAC-SHA256 of id.timestamp.body)")
-        lines += [f"{name}: (configured)" for name in c.headers]
         return (
             "<h2>Request (as this config's channel sends it)</h2><pre>"
-            + _e("\n".join(lines))
+            + _e("\n".join(kind.request(c.options, str(w["operation_id"]))))
             + "</pre>"
         )
 

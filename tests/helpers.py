@@ -181,9 +181,12 @@ async def claim(
 import time  # noqa: E402
 from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
 from contextlib import asynccontextmanager  # noqa: E402
+from dataclasses import fields  # noqa: E402
 
 import anyio  # noqa: E402
 
+from pgwork.channels.python import PythonOptions  # noqa: E402
+from pgwork.channels.webhook import WebhookOptions  # noqa: E402
 from pgwork.config import ChannelConfig, Config, RetryPolicy  # noqa: E402
 from pgwork.daemon import Daemon  # noqa: E402
 
@@ -199,7 +202,7 @@ def python_channel(
     return ChannelConfig(
         name=name,
         kind="python",
-        target="tests.sink:deliver",
+        options=PythonOptions(target="tests.sink:deliver"),
         concurrency=concurrency,
         retry=RetryPolicy(max_attempts=max_attempts, base=base, cap=cap),
     )
@@ -216,17 +219,22 @@ def webhook_channel(
     retry: RetryPolicy | None = None,
     **more: Any,
 ) -> ChannelConfig:
-    """A webhook channel with short timeouts and backoff; ``more``: other ChannelConfig fields."""
+    """A webhook channel with short timeouts and backoff; ``more``: other fields of
+    ChannelConfig or of WebhookOptions, each given to the one that has it."""
+    own = {f.name for f in fields(WebhookOptions)}
     return ChannelConfig(
         name=name,
         kind="webhook",
-        url=url,
+        options=WebhookOptions(
+            url=url,
+            read_timeout=read_timeout,
+            connect_timeout=1.0,
+            headers=headers or {},
+            **{k: v for k, v in more.items() if k in own},
+        ),
         concurrency=concurrency,
-        read_timeout=read_timeout,
-        connect_timeout=1.0,
-        headers=headers or {},
         retry=retry or RetryPolicy(max_attempts=max_attempts, base=0.05, cap=0.2),
-        **more,
+        **{k: v for k, v in more.items() if k not in own},
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pgwork.config import ConfigError, load
+from pgwork.config import ConfigError, _channel, load
 from pgwork.durations import parse_duration
 
 
@@ -51,7 +51,7 @@ backoff_base = "500ms"
     )
     assert (cfg.tick, cfg.lookahead, cfg.lease, cfg.dsn) == (0.25, 600.0, 90.0, "host=db")
     ch = cfg.channels["hooks"]
-    assert (ch.kind, ch.retry.max_attempts, ch.retry.base, ch.headers["Authorization"]) == (
+    assert (ch.kind, ch.retry.max_attempts, ch.retry.base, ch.options.headers["Authorization"]) == (
         "webhook",
         3,
         0.5,
@@ -73,7 +73,12 @@ backoff_base = "500ms"
         (
             '[channels.x]\nkind = "pigeon"',
             {},
-            "channels.x.kind: must be one of log, webhook, python",
+            "channels.x.kind: must be one of log, python, webhook",
+        ),
+        (
+            '[channels.x]\nkind = ["log"]',
+            {},
+            "channels.x.kind: must be one of log, python, webhook (got ['log'])",
         ),
         ('[channels.x]\nkind = "webhook"', {}, "channels.x.url: a webhook channel needs"),
         ('[channels.x]\nkind = "webhook"\nurl = "ftp://h"', {}, "channels.x.url"),
@@ -118,7 +123,7 @@ backoff_base = "500ms"
         (
             '[channels.x]\nkind = "log"\nsigning_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"',
             {},
-            "channels.x.signing_secret: only webhook channels are signed",
+            "channels.x.signing_secret: only webhook channels take signing_secret (this is log)",
         ),
         (
             '[channels.x]\nkind = "log"\ncatch_up = "some"',
@@ -225,8 +230,8 @@ def test_zero_is_a_duration_where_zero_is_allowed(tmp_path: Path) -> None:
     [
         ('[materialiser]\ntick = "10ms"', "must be between 50ms and 1h (got '10ms')"),
         (
-            '[channels.x]\nkind = "log"\nread_timeout = "1ms"',
-            "must be between 10ms and 1h (got '1ms')",
+            '[channels.x]\nkind = "webhook"\nurl = "http://h"\nread_timeout = "1ms"',
+            "channels.x.read_timeout: must be between 10ms and 1h (got '1ms')",
         ),
     ],
 )
@@ -261,7 +266,7 @@ def test_environment_overrides_reach_channel_options(tmp_path: Path) -> None:
         },
     )
     hooks = cfg.channels["lease-hooks"]
-    assert (hooks.retry.max_attempts, hooks.attempt_timeout, hooks.url) == (
+    assert (hooks.retry.max_attempts, hooks.attempt_timeout, hooks.options.url) == (
         7,
         2.0,
         "https://example.com/b",
@@ -314,13 +319,15 @@ def test_a_ca_file_is_checked_at_start(tmp_path: Path) -> None:
     pem.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
     hook = '[channels.h]\nkind = "webhook"\nurl = "https://h"\n'
     cfg = load(write(tmp_path, hook + f'ca_file = "{pem}"\n'))
-    assert cfg.channels["h"].ca_file == str(pem)
+    assert cfg.channels["h"].options.ca_file == str(pem)
     with pytest.raises(ConfigError, match=r"channels.h.ca_file: cannot read .*nope.pem"):
         load(write(tmp_path, hook + f'ca_file = "{tmp_path}/nope.pem"\n'))
     (tmp_path / "empty.pem").write_text("not a certificate")
     with pytest.raises(ConfigError, match=r"channels.h.ca_file: .*empty.pem holds no PEM"):
         load(write(tmp_path, hook + f'ca_file = "{tmp_path}/empty.pem"\n'))
-    with pytest.raises(ConfigError, match="only webhook channels take a ca_file"):
+    with pytest.raises(
+        ConfigError, match=r"channels\.l\.ca_file: only webhook channels take ca_file"
+    ):
         load(write(tmp_path, f'[channels.l]\nkind = "log"\nca_file = "{pem}"\n'))
 
 
@@ -397,13 +404,173 @@ def test_an_option_is_described_once() -> None:
 
 
 def test_the_kinds_config_accepts_are_the_kinds_channels_make() -> None:
-    """A kind of channel is declared by its module (``KIND``, ``make``) and gathered in
-    ``pgwork.channels.KINDS``; the ``kind`` option's choices must name the same kinds, so a
-    kind added to one is not missing from the other."""
-    from dataclasses import fields
-
+    """A kind of channel is declared by its module (``KIND``) and found by
+    ``pgwork.channels.KINDS``; the configuration and its reference take exactly those."""
+    from pgwork import reference
     from pgwork.channels import KINDS
-    from pgwork.config import ChannelConfig
 
-    (kind,) = [f for f in fields(ChannelConfig) if f.name == "kind"]
-    assert set(kind.metadata["choices"]) == set(KINDS)
+    (row,) = [r for r in reference.table().splitlines() if "`channels.NAME.kind`" in r]
+    assert row.split(" | ")[2] == ", ".join(f"`{k}`" for k in KINDS)
+    with pytest.raises(ConfigError, match="must be one of " + ", ".join(KINDS)):
+        _channel("x", {"kind": "fax"}, {})
+
+
+SMS_KIND = '''"""A kind of channel that is not pgwork's: this file is all it adds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import options
+from ..options import ConfigError, option
+from .types import DELIVERED, Kind
+
+
+@dataclass(frozen=True)
+class SmsOptions:
+    sender: str = option("sender", "str", "PGWORK", doc="the name texts come from")
+    api_key: tuple[str, ...] = option("api_key", "secrets", (), doc="the gateway's key")
+    max_length: int = option("max_length", "int", 160, within=(1, 1600), doc="characters a text may have")
+
+
+def _read(raw, label, env, secrets):
+    key = raw.get("api_key", "")
+    if key.startswith("env:"):
+        key = env.get(key[4:], "")
+    if not key.startswith("sk_"):
+        raise ConfigError(f"{label('api_key')}: a gateway key starts with sk_")
+    return options.read(SmsOptions, raw, label, api_key=(key,))
+
+
+@dataclass
+class SmsChannel:
+    config: object
+
+    async def deliver(self, d):
+        return DELIVERED
+
+    async def aclose(self):
+        return None
+
+
+KIND = Kind(name="sms", options=SmsOptions, read=_read, make=SmsChannel)
+'''
+
+SMS_PROBE = """
+import json, sys
+import pgwork
+from pgwork import config, reference
+from pgwork.channels import KINDS, make_channel
+from pgwork.secrets import Secrets
+
+out = {"package": pgwork.__file__, "kinds": sorted(KINDS)}
+cfg = config.load(sys.argv[1], env={"SMS_KEY": "sk_live_0123456789", "PGWORK_CHANNELS_TEXT_SENDER": "ACME"})
+ch = cfg.channels["text"]
+out["options"] = [ch.kind, ch.options.sender, ch.options.max_length, list(ch.options.api_key)]
+out["made"] = type(make_channel(ch)).__name__
+out["scrubbed"] = Secrets.from_config(cfg).scrub("called with sk_live_0123456789")
+out["reference"] = [r for r in reference.table().splitlines() if "sender" in r or "max_length" in r]
+errors = []
+for text in ('[channels.t]\\nkind = "log"\\nsender = "X"',
+             '[channels.t]\\nkind = "sms"\\napi_key = "sk_1"\\nmax_length = 2000',
+             '[channels.t]\\nkind = "sms"\\napi_key = "pk_1"',
+             '[channels.t]\\nkind = "fax"'):
+    with open(sys.argv[2], "w") as f:
+        f.write(text)
+    try:
+        config.load(sys.argv[2], env={})
+    except config.ConfigError as e:
+        errors.append(str(e))
+out["errors"] = errors
+print(json.dumps(out))
+"""
+
+
+def test_a_channel_kind_is_declared_in_one_file(tmp_path: Path) -> None:
+    """A new kind of channel is one new module of pgwork/channels/ and nothing else: with
+    pgwork copied and only ``channels/sms.py`` added, the configuration takes its kind and its
+    options (from the file and the environment, bounded as declared, each refused on another
+    kind), the reference documents them, its secret is masked, and a channel of it is made. Red
+    before: the kinds were a list in pgwork/channels/__init__.py and their options fields of
+    ChannelConfig."""
+    import json
+    import shutil
+    import subprocess
+
+    import pgwork
+
+    copy = tmp_path / "tree"
+    shutil.copytree(
+        Path(pgwork.__file__).parent, copy / "pgwork", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (copy / "pgwork" / "channels" / "sms.py").write_text(SMS_KIND)
+    cfg = write(tmp_path, '[channels.text]\nkind = "sms"\napi_key = "env:SMS_KEY"\n')
+    out = subprocess.run(
+        [sys.executable, "-c", SMS_PROBE, str(cfg), str(tmp_path / "other.toml")],
+        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,  # `python -c` reads modules from its directory first
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["package"].startswith(str(copy))
+    assert seen["kinds"] == ["log", "python", "sms", "webhook"]
+    assert seen["options"] == ["sms", "ACME", 160, ["sk_live_0123456789"]]
+    assert seen["made"] == "SmsChannel"
+    assert "sk_live_0123456789" not in seen["scrubbed"]
+    assert seen["reference"] == [
+        "| `channels.NAME.sender` | `PGWORK` | text | sms: the name texts come from |",
+        "| `channels.NAME.max_length` | 160 | 1 to 1,600 | sms: characters a text may have |",
+    ]
+    assert seen["errors"] == [
+        "channels.t.sender: only sms channels take sender (this is log)",
+        "channels.t.max_length: must be between 1 and 1600 (got 2000)",
+        "channels.t.api_key: a gateway key starts with sk_",
+        "channels.t.kind: must be one of log, python, sms, webhook (got 'fax')",
+    ]
+
+
+def test_nothing_outside_a_kinds_module_decides_by_its_name_or_reads_its_options() -> None:
+    """The other half of "a kind is declared in one file": no code of pgwork outside a kind's
+    module compares a kind with a string (``c.kind == "webhook"``), and none names one of a
+    kind's options, but by reading the declarations (pgwork.options.declared). Red before:
+    the web page, tracing, the CLI, the secrets and the configuration each did one of these."""
+    import ast
+
+    import pgwork
+    from pgwork.channels import KINDS
+    from pgwork.options import VALUE_KINDS, declared
+
+    root = Path(pgwork.__file__).parent
+    home = {
+        name: root / "channels" / f"{kind.make.__module__.rsplit('.', 1)[1]}.py"
+        for name, kind in KINDS.items()
+    }
+    keys = {key: name for name, kind in KINDS.items() for key in declared(kind.options)}
+    # The same word, another thing: libpq's connection parameter.
+    elsewhere = {("db.py", "connect_timeout")}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                about_kind = any(
+                    (isinstance(s, ast.Attribute) and s.attr == "kind")
+                    or (isinstance(s, ast.Name) and s.id == "kind")
+                    for s in sides
+                )
+                named = [s.value for s in sides if isinstance(s, ast.Constant) and s.value in KINDS]
+                if about_kind and any(home[n] != path for n in named):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} compares a kind")
+            if (
+                isinstance(node, ast.Constant)
+                and node.value in keys
+                and node.value not in VALUE_KINDS
+                and home[keys[node.value]] != path
+                and (str(path.relative_to(root)), node.value) not in elsewhere
+            ):
+                found.append(f"{path.relative_to(root)}:{node.lineno} names {node.value!r}")
+    assert found == []

@@ -15,14 +15,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from pgwork.channels.types import Delivered, Delivery, Failed, Retry
-from pgwork.channels.webhook import WebhookChannel
+from pgwork.channels.webhook import WebhookChannel, WebhookOptions
 from pgwork.config import ChannelConfig
 
 pytestmark = pytest.mark.anyio
@@ -128,8 +130,12 @@ def _delivery() -> Delivery:
     )
 
 
-def _channel(url: str, **kw: object) -> WebhookChannel:
-    return WebhookChannel(ChannelConfig(name="hook", kind="webhook", url=url, **kw))  # type: ignore[arg-type]
+def _channel(url: str, **kw: Any) -> WebhookChannel:
+    """``kw``: fields of WebhookOptions or of ChannelConfig, each given to the one that has it."""
+    own = {f.name for f in fields(WebhookOptions)}
+    options = WebhookOptions(url=url, **{k: v for k, v in kw.items() if k in own})
+    common = {k: v for k, v in kw.items() if k not in own}
+    return WebhookChannel(ChannelConfig(name="hook", kind="webhook", options=options, **common))
 
 
 async def _deliver(ch: WebhookChannel, within: float = 10.0) -> Delivered | Retry | Failed | None:

@@ -276,7 +276,7 @@ async def test_requests_are_signed_and_verify_with_an_independent_library(
 ) -> None:
     with Receiver(lambda r: Answer(status=503) if r.n == 1 else Answer()) as receiver:
         await add(conn, "signed", channel="hook", payload='{"amount": 1.10}')
-        ch = replace(webhook_channel(receiver.url), signing_secrets=(SECRET_NEW,))
+        ch = webhook_channel(receiver.url, signing_secrets=(SECRET_NEW,))
         async with running(config(ch), dsn):
             await until(lambda: _delivered(conn), what="delivered on the second attempt")
     first, second = receiver.requests
@@ -295,7 +295,7 @@ async def test_a_rotated_secret_signs_with_both_keys(
     dsn: str, conn: psycopg.AsyncConnection[Any], receiver: Receiver
 ) -> None:
     await add(conn, "rotating", channel="hook")
-    ch = replace(webhook_channel(receiver.url), signing_secrets=(SECRET_NEW, SECRET_OLD))
+    ch = webhook_channel(receiver.url, signing_secrets=(SECRET_NEW, SECRET_OLD))
     async with running(config(ch), dsn):
         await until(lambda: _delivered(conn), what="delivered")
     (req,) = receiver.requests

@@ -65,7 +65,7 @@ async def test_a_new_kind_of_channel_needs_no_migration(
     sent: list[str] = []
 
     @dataclass
-    class Sms:  # what a new module of pgwork/channels/ declares as its kind's constructor
+    class Sms:  # a new module of pgwork/channels/ declares it as its KIND's make
         config: ChannelConfig
 
         async def deliver(self, d: Delivery) -> Outcome:
@@ -75,7 +75,12 @@ async def test_a_new_kind_of_channel_needs_no_migration(
         async def aclose(self) -> None:
             return None
 
-    monkeypatch.setitem(channels.KINDS, "sms", Sms)
+    def read(*_: Any) -> None:
+        return None
+
+    monkeypatch.setitem(
+        channels.KINDS, "sms", channels.Kind(name="sms", options=type(None), read=read, make=Sms)
+    )
     async with running(config(ChannelConfig(name="sms", kind="sms")), dsn):
         await add(conn, "text:1", channel="sms")  # the daemon registered the channel
         await until(lambda: _eq(conn, 1), what="the text sent")
@@ -486,6 +491,7 @@ async def test_second_stop_request_cancels_at_once(
 
 async def test_python_channel_target_errors_name_the_option(dsn: str) -> None:
     from pgwork.channels import make_channel
+    from pgwork.channels.python import PythonOptions
     from pgwork.config import ChannelConfig
 
     for target, message in [
@@ -494,7 +500,9 @@ async def test_python_channel_target_errors_name_the_option(dsn: str) -> None:
         ("tests.sink:not_async", "is not an async function"),
     ]:
         with pytest.raises(ConfigError, match=r"channels\.py\.target: .*" + message.split("'")[0]):
-            make_channel(ChannelConfig(name="py", kind="python", target=target))
+            make_channel(
+                ChannelConfig(name="py", kind="python", options=PythonOptions(target=target))
+            )
 
 
 async def test_heartbeat_keeps_a_slow_live_delivery_from_being_raced(

@@ -8,13 +8,15 @@ A channel gets a :class:`Delivery` and answers :class:`Delivered`, :class:`Retry
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import pkgutil
+from typing import Any
 
-from ..config import ChannelConfig, ConfigError
-from . import log, python, webhook
+from ..options import ConfigError
+from ..settings import ChannelConfig
 from .log import LogChannel
 from .python import PythonChannel
-from .types import Channel, Delivered, Delivery, Failed, Outcome, PayloadError, Retry
+from .types import Channel, Delivered, Delivery, Failed, Kind, Outcome, PayloadError, Retry
 from .webhook import WebhookChannel, parse_retry_after
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "Delivered",
     "Delivery",
     "Failed",
+    "Kind",
     "LogChannel",
     "Outcome",
     "PayloadError",
@@ -33,18 +36,29 @@ __all__ = [
     "parse_retry_after",
 ]
 
-#: Each kind of channel, by the name a config gives it: how one is made. Each module declares
-#: its own (``KIND``, ``make``); the ``kind`` option's choices (pgwork/config.py) must name the
-#: same ones (tests/test_config.py::test_the_kinds_config_accepts_are_the_kinds_channels_make).
-KINDS: dict[str, Callable[[ChannelConfig], Channel]] = {
-    m.KIND: m.make for m in (log, python, webhook)
-}
+
+def _kinds() -> dict[str, Kind[Any]]:
+    """Every module of this package that declares a ``KIND``, by the kind's name: a new kind of
+    channel is a new module here, and nothing else (the configuration reads its options from it,
+    the reference documents them, the database does not check kinds)."""
+    found: dict[str, Kind[Any]] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        kind = getattr(importlib.import_module(f"{__name__}.{info.name}"), "KIND", None)
+        if isinstance(kind, Kind):
+            if kind.name in found:
+                raise AssertionError(f"two channel modules declare the kind {kind.name!r}")
+            found[kind.name] = kind
+    return found
+
+
+#: Each kind of channel, by the name a config gives it.
+KINDS: dict[str, Kind[Any]] = _kinds()
 
 
 def make_channel(config: ChannelConfig) -> Channel:
     """:raises ConfigError: when a python channel's target cannot be loaded, or the kind is none
     of these."""
-    make = KINDS.get(config.kind)
-    if make is None:
+    kind = KINDS.get(config.kind)
+    if kind is None:
         raise ConfigError(f"channels.{config.name}.kind: unknown kind {config.kind!r}")
-    return make(config)
+    return kind.make(config)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..config import ChannelConfig
 from ..logs import personal
-from .types import DELIVERED, Delivery, Outcome
+from ..settings import ChannelConfig
+from .types import DELIVERED, Delivery, Kind, Outcome
 
 
 @dataclass
@@ -39,6 +41,15 @@ class LogChannel:
         return None
 
 
-#: The kind a channel config names to be delivered by this module, and how one is made.
-KIND = "log"
-make = LogChannel
+@dataclass(frozen=True)
+class LogOptions:
+    """A log channel has no options of its own."""
+
+
+def _read(
+    raw: Mapping[str, Any], label: Callable[[str], str], env: Mapping[str, str], secrets: bool
+) -> LogOptions:
+    return LogOptions()
+
+
+KIND = Kind(name="log", options=LogOptions, read=_read, make=LogChannel)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from ..config import RetryPolicy
+from ..settings import RetryPolicy
 from ..store import Status
 from .types import Delivered, Failed, Outcome
 

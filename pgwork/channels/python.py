@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from ..config import ChannelConfig, ConfigError
-from .types import DELIVERED, Delivered, Delivery, Failed, Outcome, PayloadError, Retry
+from .. import options
+from ..options import ConfigError, option
+from ..settings import ChannelConfig
+from .types import DELIVERED, Delivered, Delivery, Failed, Kind, Outcome, PayloadError, Retry
+
+
+@dataclass(frozen=True)
+class PythonOptions:
+    target: str = option("target", "str", doc="`module:function`")
+
+
+def _read(
+    raw: Mapping[str, Any], label: Callable[[str], str], env: Mapping[str, str], secrets: bool
+) -> PythonOptions:
+    target = raw.get("target")
+    if not isinstance(target, str) or ":" not in target:
+        raise ConfigError(
+            f"{label('target')}: a python channel needs 'module:function' (got {target!r})"
+        )
+    return options.read(PythonOptions, raw, label)
 
 
 @dataclass
@@ -22,8 +41,9 @@ class PythonChannel:
     @classmethod
     def load(cls, config: ChannelConfig) -> PythonChannel:
         where = f"channels.{config.name}.target"
-        assert config.target is not None
-        module_name, _, attr = config.target.partition(":")
+        assert isinstance(config.options, PythonOptions)
+        target = config.options.target
+        module_name, _, attr = target.partition(":")
         try:
             module = importlib.import_module(module_name)
         except Exception as e:
@@ -32,7 +52,7 @@ class PythonChannel:
         if fn is None:
             raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
         if not callable(fn) or not inspect.iscoroutinefunction(fn):
-            raise ConfigError(f"{where}: {config.target} is not an async function")
+            raise ConfigError(f"{where}: {target} is not an async function")
         return cls(config, fn)
 
     async def deliver(self, d: Delivery) -> Outcome:
@@ -54,6 +74,4 @@ class PythonChannel:
         return None
 
 
-#: The kind a channel config names to be delivered by this module, and how one is made.
-KIND = "python"
-make = PythonChannel.load
+KIND = Kind(name="python", options=PythonOptions, read=_read, make=PythonChannel.load)

@@ -5,15 +5,16 @@ share. A channel gets a :class:`Delivery` and answers :class:`Delivered`, :class
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
-from ..config import ChannelConfig
+from ..settings import ChannelConfig
 from ..store import Claimed, Occurrence
 
 T = TypeVar("T")
+Opts = TypeVar("Opts")
 
 #: The C scanner behind json.loads, without its Python wrapper's two regular-expression matches
 #: for surrounding whitespace, most of its cost for a small payload (bench/README.md,
@@ -231,3 +232,27 @@ class Channel(Protocol):
     async def deliver(self, d: Delivery) -> Outcome: ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Kind(Generic[Opts]):
+    """A kind of channel, declared whole in its own module as ``KIND`` (pgwork.channels finds
+    every module of the package that has one): the name a config's ``kind`` gives it, its own
+    options (a dataclass declared with pgwork.options.option, held as
+    ``ChannelConfig.options``), how they are read from a channel's table, and how a channel is
+    made. Nothing else names a kind or its options
+    (tests/test_config.py::test_a_channel_kind_is_declared_in_one_file)."""
+
+    name: str
+    options: type[Opts]
+    #: The options from a channel's table: ``read(raw, label, env, secrets)``; ``label(key)``
+    #: names an option in an error; ``secrets=False``: a command that sends nothing (an unset
+    #: secret's variable is left unresolved). :raises pgwork.options.ConfigError:
+    read: Callable[[Mapping[str, Any], Callable[[str], str], Mapping[str, str], bool], Opts]
+    #: A channel from its config. It opens nothing before its first delivery (a command that
+    #: only checks a config makes one and drops it). :raises pgwork.options.ConfigError:
+    make: Callable[[ChannelConfig], Channel]
+    #: It sends to another host: a deliver span is a client's.
+    remote: bool = False
+    #: What each attempt sends, as lines to show an operator: ``request(options, operation_id)``.
+    request: Callable[[Opts, str], list[str]] | None = None

@@ -11,7 +11,8 @@ import hmac
 import json
 import re
 import time
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -19,8 +20,10 @@ from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.exceptions import ConnectError, RequestError
 from pyreqwest.response import Response
 
-from ..config import ChannelConfig
-from .types import Delivered, Delivery, Failed, Outcome, Receipt, Retry, attempt_timed_out
+from .. import options
+from ..options import ConfigError, option
+from ..settings import ChannelConfig
+from .types import Delivered, Delivery, Failed, Kind, Outcome, Receipt, Retry, attempt_timed_out
 
 T = TypeVar("T")
 
@@ -51,6 +54,186 @@ def sign(keys: tuple[bytes, ...], msg_id: str, timestamp: int, body: bytes) -> s
     )
 
 
+#: Shortest signing key, bytes (Standard Webhooks: 24 to 64).
+SIGNING_KEY_MIN = 24
+
+
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret. :raises ValueError: saying what is wrong."""
+    if not secret.startswith("whsec_"):
+        raise ValueError("a signing secret starts with whsec_")
+    try:
+        key = base64.b64decode(secret[6:], validate=True)
+    except ValueError:
+        raise ValueError("the part after whsec_ is not base64") from None
+    if len(key) < SIGNING_KEY_MIN:
+        raise ValueError(f"the key is {len(key)} bytes; at least {SIGNING_KEY_MIN} are needed")
+    return key
+
+
+@dataclass(frozen=True)
+class WebhookOptions:
+    """A webhook channel's own options (its channel table's keys besides the common ones)."""
+
+    url: str = option("url", "str", doc="`http(s)://` endpoint")
+    headers: Mapping[str, str] = option(
+        "headers",
+        "headers",
+        factory=dict,
+        shown="`{}`",
+        doc='extra headers; `"env:NAME"` reads the environment',
+    )
+    connect_timeout: float = option(
+        "connect_timeout",
+        "duration",
+        5.0,
+        within=(0.01, 600),
+        doc="most the connection (TCP and TLS) may take",
+    )
+    read_timeout: float = option(
+        "read_timeout",
+        "duration",
+        10.0,
+        within=(0.01, 3600),
+        doc="most any silence of the receiver may last, per read (`attempt_timeout` bounds the whole)",
+    )
+    max_response_bytes: int = option(
+        "max_response_bytes",
+        "int",
+        65536,
+        within=(0, 64 * 1024 * 1024),
+        doc="response bytes read at most",
+    )
+    verify_tls: bool = option("verify_tls", "bool", True, doc="verify certificates")
+    ca_file: str | None = option(
+        "ca_file",
+        "str",
+        None,
+        doc="a PEM file of private certificate authorities trusted besides the system's",
+    )
+    signing_secrets: tuple[str, ...] = option(
+        "signing_secret",
+        "secrets",
+        (),
+        shown="—",
+        doc=(
+            "`whsec_…` secret(s) that sign every request (Standard Webhooks); "
+            '`"env:NAME"` reads the environment; two, space-separated, while rotating'
+        ),
+    )
+
+    @property
+    def signing_keys(self) -> tuple[bytes, ...]:
+        """The HMAC keys of ``signing_secrets`` (validated when the config was read)."""
+        return tuple(signing_key(s) for s in self.signing_secrets)
+
+
+def _read(
+    raw: Mapping[str, Any], label: Callable[[str], str], env: Mapping[str, str], secrets: bool
+) -> WebhookOptions:
+    _check_url(label("url"), raw.get("url"))
+    if "ca_file" in raw:
+        _check_ca_file(label("ca_file"), raw["ca_file"])
+    return options.read(
+        WebhookOptions,
+        raw,
+        label,
+        headers=_headers(label("headers"), raw.get("headers", {}), env, secrets),
+        signing_secrets=_signing_secrets(
+            label("signing_secret"), raw.get("signing_secret"), env, secrets
+        ),
+    )
+
+
+def _check_url(where: str, url: Any) -> None:
+    """A URL that can be requested: http(s), a host, a valid port, no spaces."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        problem = "a webhook channel needs an http:// or https:// URL"
+    elif any(c.isspace() or ord(c) < 32 for c in url):
+        problem = "the URL has a space or a control character"
+    else:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (raises on a bad port)
+        except ValueError as e:
+            problem = f"not a valid URL ({e})"
+        else:
+            if not parts.hostname:
+                problem = "the URL has no host"
+    if problem:
+        raise ConfigError(f"{where}: {problem} (got {url!r})")
+
+
+def _check_ca_file(where: str, path: object) -> None:
+    """A CA file that is not a readable PEM certificate is refused at start, not at the first
+    delivery."""
+    if not isinstance(path, str):
+        raise ConfigError(f"{where}: expected a path to a PEM file")
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read {path}: {e.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise ConfigError(f"{where}: {path} holds no PEM certificate")
+
+
+def _headers(where: str, raw: Any, env: Mapping[str, str], secrets: bool) -> dict[str, str]:
+    """``headers``: names to values; ``"env:NAME"`` reads the environment (``secrets=False``: an
+    unset variable leaves the header out)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table of header names to values")
+    headers: dict[str, str] = {}
+    for hk, hv in raw.items():
+        if not isinstance(hv, str):
+            raise ConfigError(f"{where}.{hk}: expected a string")
+        if hv.startswith("env:"):
+            var = hv[4:]
+            if var not in env:
+                if not secrets:
+                    continue  # a command that sends nothing needs no header
+                raise ConfigError(f"{where}.{hk}: environment variable {var} is not set")
+            hv = env[var]
+        if any(c in hv for c in "\r\n\x00") or not hv.isascii() or not hv.isprintable():
+            raise ConfigError(
+                f"{where}.{hk}: the value has a line break, a control or a non-ASCII "
+                "character (the value is not shown: it may be a secret)"
+            )
+        headers[hk] = hv
+    return headers
+
+
+def _signing_secrets(
+    where: str, raw: Any, env: Mapping[str, str], required: bool = True
+) -> tuple[str, ...]:
+    """``signing_secret``: ``env:NAME`` (recommended) or the value; several secrets separated by
+    spaces while one is rotated (each request then carries a signature per secret).
+    ``required=False`` (a command that sends nothing): an unset variable gives no secret."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, str):
+        raise ConfigError(f"{where}: expected a string such as 'env:PGWORK_SIGNING_SECRET'")
+    if raw.startswith("env:"):
+        if raw[4:] not in env:
+            if not required:
+                return ()
+            raise ConfigError(f"{where}: environment variable {raw[4:]} is not set")
+        raw = env[raw[4:]]
+    secrets = tuple(raw.split())
+    if not secrets:
+        raise ConfigError(f"{where}: empty")
+    for i, s in enumerate(secrets, 1):
+        try:
+            signing_key(s)
+        except ValueError as e:
+            # The value is never shown: it is a secret.
+            raise ConfigError(f"{where}: secret {i} of {len(secrets)}: {e}") from None
+    return secrets
+
+
 class WebhookChannel:
     """HTTP POST of :meth:`Delivery.document_json` with ``Idempotency-Key`` and ``webhook-id``
     (both the operation id), ``webhook-timestamp`` and, with a signing secret, ``webhook-signature``.
@@ -77,23 +260,24 @@ class WebhookChannel:
 
     def __init__(self, config: ChannelConfig) -> None:
         self.config = config
-        assert config.url is not None
-        self.url = config.url
-        self._keys = config.signing_keys
+        assert isinstance(config.options, WebhookOptions)
+        self.options = config.options
+        self.url = config.options.url
+        self._keys = config.options.signing_keys
         self._client: Client | None = None
         self._attempt = timedelta(seconds=config.attempt_timeout)
         self._answers: dict[tuple[int, bytes], Delivered] = {}
 
     def _open(self) -> Client:
         # Made on first use: a client belongs to the event loop that runs the deliveries.
-        c = self.config
+        c = self.options
         b = (
             ClientBuilder()
             # No max_connections: pyreqwest's limit keeps the slot of a request cancelled
             # mid-answer for good (tests/test_http_client.py::
             # test_a_cancelled_attempt_leaves_no_slot_behind); the channel worker already holds
             # at most `concurrency` deliveries in flight, and so connections in use.
-            .pool_max_idle_per_host(c.concurrency)
+            .pool_max_idle_per_host(self.config.concurrency)
             .follow_redirects(False)
             # Receivers are asked not to compress; a body compressed anyway is not inflated.
             .gzip(False)
@@ -216,7 +400,7 @@ class WebhookChannel:
     async def _read_capped(self, resp: Response) -> bytes:
         """At most ``max_response_bytes`` of the body as sent (Content-Encoding is not undone:
         a gzip bomb's cap counts what arrives, and nothing is inflated in memory)."""
-        cap = self.config.max_response_bytes
+        cap = self.options.max_response_bytes
         reader = resp.body_reader
         chunks: list[bytes] = []
         size = 0
@@ -233,9 +417,29 @@ class WebhookChannel:
             await self._client.close()
 
 
-#: The kind a channel config names to be delivered by this module, and how one is made.
-KIND = "webhook"
-make = WebhookChannel
+def _request(o: WebhookOptions, operation_id: str) -> list[str]:
+    """What each attempt of an occurrence sends, but its body: the URL, the headers with the
+    occurrence's values, configured headers by name only (their values may be secrets)."""
+    lines = [
+        f"POST {o.url}",
+        "Content-Type: application/json",
+        f"Idempotency-Key: {operation_id}",
+        f"webhook-id: {operation_id}",
+        "webhook-timestamp: (each attempt's start, Unix seconds)",
+    ]
+    if o.signing_secrets:
+        lines.append("webhook-signature: v1,… (HMAC-SHA256 of id.timestamp.body)")
+    return lines + [f"{name}: (configured)" for name in o.headers]
+
+
+KIND = Kind(
+    name="webhook",
+    options=WebhookOptions,
+    read=_read,
+    make=WebhookChannel,
+    remote=True,
+    request=_request,
+)
 
 
 class _GivenCancellation(Generic[T]):

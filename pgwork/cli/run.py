@@ -77,14 +77,14 @@ def cmd_run(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def _load_channels(cfg: Config) -> None:
-    """Load every channel's code before a database is touched: a python channel's target that
+    """Make every channel once before a database is touched: a python channel's target that
     cannot be imported is a configuration error (exit 2) before an embedded server is created,
-    started and migrated for it. The daemon loads them again in its own process."""
+    started and migrated for it. A channel opens nothing before its first delivery
+    (pgwork.channels.Kind.make); the daemon makes them again in its own process."""
     from ..channels import make_channel
 
     for c in cfg.channels.values():
-        if c.kind == "python":
-            make_channel(c)
+        make_channel(c)
 
 
 def _run_group(args: argparse.Namespace, cfg: Config, processes: int) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .. import SCHEMA_VERSION
 
 if TYPE_CHECKING:
-    from ..config import ChannelConfig
+    from ..settings import ChannelConfig
 
 from ._bind import Conn, _column, _dicts, _exec, _rows, _value
 

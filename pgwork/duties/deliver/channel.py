@@ -21,7 +21,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from ... import store
-from ...channels import Channel, Delivered, Delivery, Retry
+from ...channels import KINDS, Channel, Delivered, Delivery, Retry
 from ...channels.policy import decide
 from ...channels.types import Outcome, attempt_timed_out
 from ...clock import Clock
@@ -102,6 +102,9 @@ class ChannelRunner:
     def __init__(self, channel: Channel, wiring: Wiring) -> None:
         cfg, identity = wiring.cfg, wiring.identity
         self.channel = channel
+        kind = KINDS.get(channel.config.kind)
+        #: Its deliveries go to another host (a deliver span is a client's).
+        self._remote = kind is not None and kind.remote
         self.tracer = wiring.tracer
         self.sup = wiring.sup
         metrics = wiring.sup.metrics
@@ -478,7 +481,7 @@ class ChannelRunner:
         span = None
         if self.tracer is not None:
             span, traceparent, tracestate = self.tracer.deliver_start(
-                (row.id, row.lease), self.name, self.channel.config.kind
+                (row.id, row.lease), self.name, self._remote
             )
         self.active += 1
         return _Started(Delivery.from_claim(row, traceparent, tracestate), time.monotonic(), span)
