@@ -210,7 +210,7 @@ class Daemon:
             tick=cfg.tick,
             lookahead=cfg.lookahead,
             page_size=cfg.page_size,
-            claimers=deliveries.runners,
+            claimers=[r.claimer for r in deliveries.runners],
             origin=self.daemon_id,
         )
         listen_dsn = self.listen_dsn
