@@ -238,9 +238,7 @@ BEGIN
         SELECT w, l.work_id IS NOT NULL AS reclaimed,
                coalesce(l.lease, w.lease) AS prev_lease, coalesce(l.attempts, w.attempts) AS prev_attempts,
                l.claimed_at AS prev_claimed_at, l.claimed_by AS prev_claimed_by,
-               coalesce(pgwork.work_unwanted(r.id, r.due_at, r.remind_before, r.recur_rule, r.due_local, r.paused,
-                                             r.recur_skip, r.recur_until, r.recur_version,
-                                             w.deadline, w.deadline_local, w.occurrence, w.recur_version),
+               coalesce(pgwork.work_unwanted(w, r),
                         -- Counted from the last redrive when there was one: a redrive says "send it".
                         CASE WHEN greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval < now() THEN 'expired'
                              WHEN coalesce(l.attempts, w.attempts) - w.attempts_base >= claim_rows.max_attempts THEN 'dead'

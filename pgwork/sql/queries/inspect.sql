@@ -106,10 +106,7 @@ SELECT t.deadline, t.deadline_local, t.occurrence, t.status, t.operation_id, t.f
 -- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
 WITH target AS (
     SELECT w.id,
-           coalesce(pgwork.work_unwanted(r.id, r.due_at, r.remind_before, r.recur_rule, r.due_local, r.paused,
-                                         r.recur_skip, r.recur_until, r.recur_version,
-                                         w.deadline, w.deadline_local, w.occurrence, w.recur_version),
-                    'ok') AS verdict
+           coalesce(pgwork.work_unwanted(w, r), 'ok') AS verdict
       FROM pgwork.renewal_work w
       LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
      WHERE w.status = 'dead'
