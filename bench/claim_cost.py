@@ -13,17 +13,28 @@ tables, as in a drain shorter than autovacuum's round), and the Postgres CPU per
 tenth of it: a claim that reads past the entries of the rows taken before it costs more as the
 drain goes on.
 
+With ``--parts``: what the claim's fixed cost is made of. The same measure, alternated on one
+server, for the claim as it ships and two copies of ``pgwork.claim_rows`` made for this run only:
+``without_rare_writes`` (the statement without the writes a claim of ready rows never makes:
+a reclaimed lease's renewal, release and ledger row, a closed record, the rate limit's tokens)
+and ``floor`` (the same two steps with the least a claim must do: take a lane's first ready rows
+with SKIP LOCKED, remove them from ``work_ready``, insert their leases, return them; no gate, no
+reclaim, no turn, no verdict). Neither copy is a claim pgwork could ship; the differences say
+what the rest costs.
+
 Prints one JSON line. To compare two trees, copy this file and ``bench/cpu.py`` (which reads the
 backend's CPU) into the other tree's ``bench/`` and run ``python -m bench.claim_cost`` in each
 (``PYTHONPATH=<tree>``), alternately, the same hour.
 
   python -m bench.claim_cost [--batch 1 10 100] [--pgbin DIR]
-  python -m bench.claim_cost --batch 10 --drain 30000"""
+  python -m bench.claim_cost --batch 10 --drain 30000
+  python -m bench.claim_cost --batch 1 10 --parts"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -71,6 +82,79 @@ async def measure(dsn: str, batches: list[int], rounds: int) -> dict[str, Any]:
     finally:
         await pool.close()
     return out
+
+
+#: pgwork.claim_rows as the code defines it, and the rare writes ``without_rare_writes`` drops.
+_CLAIM_SQL = Path(__file__).resolve().parent.parent / "pgwork" / "sql" / "code" / "claim.sql"
+_RARE = ("reissued", "released", "closed", "spent", "expired")
+_FLOOR_QUERY = """    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT w.work_id AS id FROM pgwork.work_ready w
+         WHERE w.channel = claim_rows.channel AND w.source = claim_rows.lanes[1]
+           AND w.available_at <= now()
+         ORDER BY w.available_at, w.work_id
+         LIMIT claim_rows.claim_limit
+           FOR UPDATE SKIP LOCKED
+    ), unreadied AS (
+        DELETE FROM pgwork.work_ready r WHERE r.work_id IN (SELECT id FROM picked)
+    ), judged AS (
+        SELECT w FROM pgwork.renewal_work w WHERE w.id IN (SELECT id FROM picked)
+    ), leased AS (
+        INSERT INTO pgwork.work_lease
+               (work_id, lease, attempts, channel, source, due_at, expires_at, claimed_by, claimed_at)
+        SELECT (j.w).id, (j.w).lease + 1, (j.w).attempts + 1, (j.w).channel, (j.w).source,
+               (j.w).due_at, now() + claim_rows.lease, claim_rows.daemon_id, now()
+          FROM judged j
+    )
+    SELECT (pgwork.as_claimed(j.w, 'claimed', (j.w).lease + 1, (j.w).attempts + 1, 'ready',
+                              'r', '{}', NULL)).*
+      FROM judged j;
+END
+$$;
+"""
+
+
+def claim_rows_variants() -> dict[str, str | None]:
+    """``CREATE OR REPLACE FUNCTION pgwork.claim_rows`` for each part measured (None: as it
+    ships)."""
+    text = _CLAIM_SQL.read_text()
+    fn = text[
+        text.index("CREATE OR REPLACE FUNCTION pgwork.claim_rows(") : text.index(
+            "COMMENT ON FUNCTION pgwork.claim_rows"
+        )
+    ]
+    lean = fn
+    for name in _RARE:
+        start = lean.index(f"    ), {name} AS (")
+        following = lean.find("    ), ", start + 1)
+        last = lean.index("\n    )\n    SELECT u.*", start)
+        lean = (
+            lean[:start] + lean[following if following != -1 and following < last else last + 1 :]
+        )
+    return {
+        "as_shipped": None,
+        "without_rare_writes": lean,
+        "floor": fn[: fn.index("    RETURN QUERY")] + _FLOOR_QUERY,
+    }
+
+
+async def parts(dsn: str, batches: list[int], rounds: int) -> dict[str, Any]:
+    """Backend CPU per claim for each of ``claim_rows_variants``, alternated ``rounds`` times (a
+    fresh schema for each), medians."""
+    seen: dict[str, dict[str, list[float]]] = {}
+    for _ in range(rounds):
+        for name, sql in claim_rows_variants().items():
+            async with await db.connect(dsn) as c:
+                await c.execute("DROP SCHEMA IF EXISTS pgwork CASCADE")
+                await w.migrate_with_noop(c)
+                if sql is not None:
+                    await c.execute(sql)
+            got = await measure(dsn, batches, 1)
+            for batch, fig in got.items():
+                seen.setdefault(name, {}).setdefault(batch, []).append(fig["pg_us_per_claim"])
+    return {
+        name: {batch: statistics.median(v) for batch, v in by.items()} for name, by in seen.items()
+    }
 
 
 async def drain(dsn: str, batch: int, total: int) -> dict[str, Any]:
@@ -121,6 +205,9 @@ async def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--drain", type=int, metavar="ROWS", help="one drain of ROWS rows, by tenths (see above)"
     )
+    ap.add_argument(
+        "--parts", action="store_true", help="the claim against its lean copies (see above)"
+    )
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pgwork-claim-cost-") as tmp:
         srv = LocalServer(Path(tmp) / "data", a.pgbin)
@@ -128,6 +215,8 @@ async def main(argv: list[str] | None = None) -> None:
         try:
             if a.drain:
                 out = {"drain": await drain(srv.dsn(), a.batch[0], a.drain)}
+            elif a.parts:
+                out = {"parts": await parts(srv.dsn(), a.batch, a.rounds)}
             else:
                 out = {"claims": await measure(srv.dsn(), a.batch, a.rounds)}
         finally:
