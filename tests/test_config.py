@@ -126,6 +126,12 @@ backoff_base = "500ms"
             "channels.x.signing_secret: only webhook channels take signing_secret (this is log)",
         ),
         (
+            # Read and then ignored before: a webhook's option on another kind did nothing.
+            '[channels.x]\nkind = "python"\ntarget = "m:f"\nread_timeout = "5s"',
+            {},
+            "channels.x.read_timeout: only webhook channels take read_timeout (this is python)",
+        ),
+        (
             '[channels.x]\nkind = "log"\ncatch_up = "some"',
             {},
             "channels.x.catch_up: must be one of",
