@@ -313,9 +313,7 @@ _LIMITS: dict[str, tuple[float, float]] = {
 #: The options every channel takes, declared on ChannelConfig and RetryPolicy; then a channel
 #: table's keys: those and every kind's own (pgwork.channels.KINDS; a kind's reader checks its own).
 _COMMON = {**declared(ChannelConfig), **declared(RetryPolicy)}
-_CHANNEL: dict[str, Any] = {**_COMMON}
-for _kind in KINDS.values():
-    _CHANNEL.update(declared(_kind.options))
+_CHANNEL = {**_COMMON, **{o: f for k in KINDS.values() for o, f in declared(k.options).items()}}
 _CHANNEL_KEYS = set(_CHANNEL)
 
 _RATE_UNITS = {
@@ -413,16 +411,18 @@ def _channel(
     if not isinstance(named, str) or named not in KINDS:
         raise ConfigError(f"{label('kind')}: must be one of {', '.join(KINDS)} (got {named!r})")
     kind = KINDS[named]
-    for key in sorted(set(raw) - set(_COMMON) - set(declared(kind.options))):
+    others = sorted(set(raw) - set(_COMMON) - set(declared(kind.options)))
+    if others:  # options of other kinds (an unknown one was refused above)
+        key = others[0]
         takers = " and ".join(k.name for k in KINDS.values() if key in declared(k.options))
         raise ConfigError(f"{label(key)}: only {takers} channels take {key} (this is {kind.name})")
 
     def num(key: str) -> Any:
         """A common option read, bounded and defaulted as its field declares it."""
         return (
-            options.value(label(key), _CHANNEL[key], raw[key])
+            options.value(label(key), _COMMON[key], raw[key])
             if key in raw
-            else _CHANNEL[key].default
+            else _COMMON[key].default
         )
 
     retry = RetryPolicy(

@@ -39,6 +39,7 @@ class Claimer:
         self.metrics = state.metrics
         cfg, c = wiring.cfg, state.channel.config
         self.tick = cfg.tick
+        self.lease = timedelta(seconds=cfg.lease)
         self.max_attempts = c.retry.max_attempts
         self.daemon_id = wiring.identity.daemon_id
         self.expire_after = timedelta(seconds=c.expire_after) if c.expire_after else None
@@ -57,7 +58,7 @@ class Claimer:
             channel=self.name,
             limit=limit,
             max_attempts=self.max_attempts,
-            lease=self.state.lease,
+            lease=self.lease,
             daemon_id=self.daemon_id,
             expire_after=self.expire_after,
             synchronous=self.synchronous_claims,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -78,7 +77,6 @@ class ChannelState:
         self.waker = Waker()
         if wiring.woken_by is not None:
             wiring.woken_by.add(self.waker)
-        self.lease = timedelta(seconds=wiring.cfg.lease)
         #: Rows held and the room for more: the claimer and the page (taken, reserve), the
         #: workers (delivered), the settling (settled), the claimer and the stop (given_back).
         self.capacity = Capacity(
