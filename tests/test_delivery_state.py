@@ -120,6 +120,19 @@ def test_the_claim_loop_is_woken_once_when_room_worth_a_claim_frees() -> None:
     assert (c.held, c.writing, c.reserved) == (2, 0, 0)
 
 
+def test_the_writer_may_hold_what_it_gathers_at_a_small_batch() -> None:
+    """Issue 54: the outcome writer gathers up to OutcomeWriter.GATHER records a flush; at claim
+    batch 10, two batches of writing rows (20) would stop the claims before it had gathered
+    them. ``writing_least`` is the floor of max_writing."""
+    for least, room in ((0, 0), (64, 10)):
+        c = Capacity(4, 10, prefetch_s=0.25, writing_batches=2, writing_least=least)
+        c.taken(40)
+        for _ in range(40):
+            c.delivered(1e-6)
+        # max_held 24 (4 + two batches), none undelivered; writing 40 against 20 or 64.
+        assert c.room() == room, least
+
+
 def test_a_page_reservation_returned_wakes_the_claim_loop_it_starved() -> None:
     c = _capacity()
     c.reserve(c.room())

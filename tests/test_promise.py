@@ -306,6 +306,71 @@ async def test_a_small_batch_waits_for_the_flush_under_way_and_a_large_one_does_
     assert {w["status"] for w in await work(conn)} == {"delivered"}
 
 
+async def test_outcomes_that_stream_in_are_gathered_and_a_lone_one_is_written_at_once(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 54: a flush's statement costs Postgres ~0.3 ms whatever it holds, so records that
+    stream in (a flush just ended) wait up to ``GATHER_S`` to go ``GATHER`` at a time: at claim
+    batch 10, 29 records a flush instead of 15 (bench/README.md). A record that finds the writer
+    quiet is written at once. ``GATHER_S`` is long here, so that only those rules can write."""
+    n = 7
+    for i in range(n):
+        await add(conn, f"k{i:03d}")
+    await materialise(dsn)
+    rows_ = sorted(await claim(dsn, limit=n), key=lambda r: r["business_key"])
+    assert len(rows_) == n
+    durable: list[int] = []
+    metrics = Metrics()
+    pool = db.make_pool(dsn, 2, 5.0)
+    await pool.open(wait=True)
+    try:
+        writer = OutcomeWriter(pool, metrics, Identity("d", "h", 1))
+        writer.GATHER, writer.GATHER_S = 4, 3600.0
+        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
+
+        def flushes() -> float:
+            return float(metrics.outcome_flushes._value.get())
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer.run)
+                writer.submit(_rec(rows_[0], "delivered"))  # the writer is quiet: at once
+
+                async def first_written() -> bool:
+                    return durable == [rows_[0]["id"]]
+
+                await until(first_written, what="the lone outcome")
+                assert flushes() == 1
+                # A flush just ended: these are gathered, not written one flush each.
+                for r in rows_[1:4]:
+                    writer.submit(_rec(r, "delivered"))
+                await anyio.sleep(0.5)
+                assert (flushes(), len(durable)) == (1, 1)
+                writer.submit(_rec(rows_[4], "delivered"))  # the fourth: they go together
+
+                async def gathered() -> bool:
+                    return len(durable) == 5
+
+                await until(gathered, what="the gathered outcomes")
+                assert flushes() == 2
+                # And a batch short of GATHER goes once its first record waited GATHER_S.
+                writer.GATHER_S = 0.3
+                for r in rows_[5:]:
+                    writer.submit(_rec(r, "delivered"))
+
+                async def rest_written() -> bool:
+                    return len(durable) == n
+
+                await until(rest_written, what="the short batch, after GATHER_S")
+                assert flushes() == 3
+                await writer.drain()
+                tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+    assert sorted(durable) == sorted(r["id"] for r in rows_)
+    assert {w["status"] for w in await work(conn)} == {"delivered"}
+
+
 async def _flush_held_by_a_lock(
     dsn: str, conn: psycopg.AsyncConnection[Any], n: int
 ) -> tuple[list[dict[str, Any]], psycopg.AsyncConnection[Any]]:

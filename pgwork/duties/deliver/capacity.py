@@ -16,8 +16,10 @@ class Capacity:
     Limits: ``max_held`` undelivered rows (one per worker, plus what the workers start within
     ``prefetch_s`` at their measured pace, at most two batches; until a delivery has been timed,
     one more per worker), so a burst is not taken by the first daemon to wake while others sit
-    idle; and ``max_writing`` delivered rows beyond that, so that one batch's outcomes are
-    written while the next batch is delivered, but a writer that falls behind stops the claims.
+    idle; and ``max_writing`` delivered rows beyond that (``writing_batches`` batches, at least
+    ``writing_least``: what the outcome writer gathers for a flush and writes meanwhile), so
+    that one batch's outcomes are written while the next batch is delivered, but a writer that
+    falls behind stops the claims.
     """
 
     __slots__ = (
@@ -39,11 +41,12 @@ class Capacity:
         *,
         prefetch_s: float = 0.25,
         writing_batches: int = 2,
+        writing_least: int = 0,
     ) -> None:
         self.concurrency = concurrency
         self.claim_batch = claim_batch
         self.prefetch_s = prefetch_s
-        self.max_writing = writing_batches * claim_batch
+        self.max_writing = max(writing_batches * claim_batch, writing_least)
         #: Seconds a delivery takes, a moving average (None: none timed yet).
         self.delivery_s: float | None = None
         self.held = 0

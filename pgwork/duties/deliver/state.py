@@ -62,8 +62,10 @@ class ChannelState:
     #: Beyond one row per worker, a channel holds only the rows its workers start within this
     #: long at their measured pace (see Capacity), seconds.
     PREFETCH_S = 0.25
-    #: Batches of delivered rows whose outcomes may wait to be written (see Capacity).
+    #: Batches of delivered rows whose outcomes may wait to be written (see Capacity), and at
+    #: least what the outcome writer gathers for one flush while another is under way.
     WRITING_BATCHES = 2
+    WRITING_LEAST = 2 * OutcomeWriter.GATHER
 
     def __init__(self, channel: Channel, wiring: Wiring) -> None:
         c = channel.config
@@ -84,6 +86,7 @@ class ChannelState:
             wiring.cfg.claim_batch,
             prefetch_s=self.PREFETCH_S,
             writing_batches=self.WRITING_BATCHES,
+            writing_least=self.WRITING_LEAST,
         )
         #: The channel's gate: the claimer (read), the settling (hold), the listener and a
         #: failed give-back (changed), a worker lifting a passed hold.
