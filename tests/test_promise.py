@@ -311,7 +311,7 @@ async def test_outcomes_that_stream_in_are_gathered_and_a_lone_one_is_written_at
 ) -> None:
     """Issue 54: a flush's statement costs Postgres ~0.3 ms whatever it holds, so records that
     stream in (a flush just ended) wait up to ``GATHER_S`` to go ``GATHER`` at a time: at claim
-    batch 10, 29 records a flush instead of 15 (bench/README.md). A record that finds the writer
+    batch 10, 25 records a flush instead of 15 (bench/README.md). A record that finds the writer
     quiet is written at once. ``GATHER_S`` is long here, so that only those rules can write."""
     n = 7
     for i in range(n):

@@ -418,8 +418,8 @@ class OutcomeWriter:
     MAX_FLUSHES = 4
     #: Records a flush gathers while outcomes stream in (a flush ended within ``GATHER_S``):
     #: the statement's fixed cost (~0.3 ms of Postgres) is shared by more of them. At claim
-    #: batch 10, 29 records a flush instead of 15, Postgres's CPU per no-op job down a sixth
-    #: (bench/README.md). A record that finds the writer quiet goes at once.
+    #: batch 10, 25 records a flush instead of 15, Postgres's CPU per no-op job down a tenth
+    #: (bench/README.md, issue 54). A record that finds the writer quiet goes at once.
     GATHER = 32
     #: Longest a record waits to be gathered, seconds.
     GATHER_S = 0.002
