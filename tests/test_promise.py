@@ -437,6 +437,50 @@ async def test_outcomes_are_written_while_a_flush_waits_on_a_lock(
     assert sorted(durable) == sorted(r["id"] for r in rows_)
 
 
+async def test_a_writer_whose_flushes_are_all_stalled_waits_without_spinning(
+    dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every flush slot held by a stalled flush (a lock an app holds) and records gathered past
+    their ``GATHER_S``: the writer's loop waits for a flush to end or for the stall watch, and
+    does not turn (before, a batch whose time had come and could not go set a timer of zero
+    seconds, again and again: a core spun while the database was stuck)."""
+    rows_, blocker = await _flush_held_by_a_lock(dsn, conn, 3)
+    durable: list[int] = []
+    pool = db.make_pool(dsn, 2, 5.0)
+    await pool.open(wait=True)
+    passes = 0
+    take = OutcomeWriter._take
+
+    def counted(self: OutcomeWriter, now: float) -> Any:
+        nonlocal passes
+        passes += 1
+        return take(self, now)
+
+    monkeypatch.setattr(OutcomeWriter, "_take", counted)
+    try:
+        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
+        writer.MAX_FLUSHES, writer.STALLED_AFTER = 1, 0.2
+        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer.run)
+                writer.submit(_rec(rows_[0], "delivered"))
+                await until(lambda: _waits_on_a_lock(conn), what="the flush to wait")
+                for r in rows_[1:]:
+                    writer.submit(_rec(r, "delivered"))
+                await anyio.sleep(1.0)  # stalled after 0.2 s; the others' GATHER_S long past
+                assert durable == []
+                # The stall watch looks four times per STALLED_AFTER: ~20 passes in a second.
+                assert passes < 100, passes
+                await blocker.rollback()
+                await writer.drain()
+                tg.cancel_scope.cancel()
+    finally:
+        await blocker.close()
+        await pool.close()
+    assert sorted(durable) == sorted(r["id"] for r in rows_)
+
+
 @pytest.mark.slow
 async def test_a_flush_that_times_out_on_a_lock_is_split_so_the_others_are_written(
     dsn: str, conn: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch

@@ -513,9 +513,11 @@ class OutcomeWriter:
         return None
 
     def _gathering_for(self, now: float) -> float | None:
-        """Seconds until the batch being gathered goes (None: no such batch)."""
-        if self._current.records and not self._flowing(now):
-            return max(0.0, self._due - now)
+        """Seconds until the batch being gathered may go; None when nothing but a wake-up can
+        let a batch go (none gathered; its time has come and something else holds it, as a
+        flush under way or every flush slot held: a zero timeout would spin the loop)."""
+        if self._current.records and not self._flowing(now) and now < self._due:
+            return self._due - now
         return None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
