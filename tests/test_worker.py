@@ -697,8 +697,8 @@ async def test_rows_waiting_for_their_outcome_leave_the_prefetch_to_claims(
 ) -> None:
     """A delivered row whose outcome is still being written cannot be taken by another daemon,
     so it does not count against the prefetch (one batch is written while the next is
-    delivered); but a writer that falls behind stops the claims after two more batches, and
-    nothing is lost or sent twice when it catches up. With a no-op channel, concurrency 2 and
+    delivered); but a writer that falls behind stops the claims after two more batches (or
+    what it gathers for two flushes), and nothing is lost or sent twice when it catches up. With a no-op channel, concurrency 2 and
     batches of 10, the prefetch holds at most 2 + 2 * 10 = 22 undelivered rows; delivered rows
     waiting for the writer may add 2 * 10 more, or what the writer gathers for two flushes,
     if more (ChannelState.WRITING_LEAST)."""

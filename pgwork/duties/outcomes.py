@@ -473,22 +473,24 @@ class OutcomeWriter:
         receiver or a channel returned can make the statement fail."""
         batch = self._current
         batch.records.append(rec.cleaned(self.cleaner))
-        first = len(batch.records) == 1
+        n = len(batch.records)
+        first = n == 1
         if first:
             now = time.monotonic()
             quiet = not self._under_way and now - self._ended >= self.GATHER_S
             self._due = now if quiet else now + self.GATHER_S
-        if len(batch.records) >= self.MAX_BATCH:
+        if n >= self.MAX_BATCH:
             self._waiting.append(batch)
             self._current = _Batch()
         if self._idle.is_set():
             self._idle = anyio.Event()
-        # The flush loop is woken only when this record may start a flush or sets when one goes
-        # (a batch's first: the loop's timer), or a second flush's worth waits. Otherwise the
-        # end of the flush under way, that timer or the stall watch (_watch_stalls) wakes it:
-        # woken per record, each pass armed a timer, about a microsecond of the writer's ~7 per
-        # record (a writer with the database replaced by a sleep, 2026-12-02).
-        if first or self._waiting or len(batch.records) >= min(self.GATHER, self.SECOND_FLUSH_AT):
+        # The flush loop is woken only when this record sets when its batch goes (a batch's
+        # first: the loop's timer), completes a gathered batch, or makes a second flush's worth.
+        # Otherwise the end of the flush under way, that timer or the stall watch
+        # (_watch_stalls) wakes it: woken per record, each pass armed a timer, about a
+        # microsecond of the writer's ~7 per record (a writer with the database replaced by a
+        # sleep, 2026-12-02).
+        if first or self._waiting or n == self.GATHER or n >= self.SECOND_FLUSH_AT:
             self._wake.set()
 
     def _flowing(self, now: float) -> int:
