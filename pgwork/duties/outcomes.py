@@ -416,9 +416,9 @@ class OutcomeWriter:
     STALLED_AFTER = 1.0
     #: Flushes under way at once, stalled ones included (each holds a pooled connection).
     MAX_FLUSHES = 4
-    #: Records a flush gathers while outcomes stream in (a flush ended within ``GATHER_S``):
-    #: the statement's fixed cost (~0.3 ms of Postgres) is shared by more of them. At claim
-    #: batch 10, 25 records a flush instead of 15, Postgres's CPU per no-op job down a tenth
+    #: Records a flush gathers while outcomes stream in (a flush under way, or one ended within
+    #: ``GATHER_S``): the statement's fixed cost (~0.3 ms of Postgres) is shared by more of
+    #: them. At claim batch 10, 25 records a flush instead of 15, Postgres's CPU per no-op job down a tenth
     #: (bench/README.md, issue 54). A record that finds the writer quiet goes at once.
     GATHER = 32
     #: Longest a record waits to be gathered, seconds.
