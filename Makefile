@@ -60,6 +60,7 @@ bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): chec
 	$(BIN)/python -m bench.claim_cost --batch 1 10 --rounds 1
 	$(BIN)/python -m bench.claim_cost --batch 10 --drain 2000
 	$(BIN)/python -m bench.claim_cost --batch 1 --rounds 1 --parts
+	$(BIN)/python -m bench.outcome_cost --batch 10 --flushes 20 --rounds 1 --parts
 	$(BIN)/python -m bench.channel_cost --rounds 1 --n 200
 	$(BIN)/python -m bench.idle_statements --samples 20
 	$(BIN)/python -m bench.flood --flood 2000
