@@ -68,7 +68,10 @@ WITH o AS (
       FROM (SELECT array_agg(o.work_id) AS ids, array_agg(o.lease) AS leases FROM o) AS a
      CROSS JOIN LATERAL pgwork.lease_end(a.ids, a.leases) AS l
 ), done AS (
-    -- The record's one write of this attempt: its outcome, with the lease settled.
+    -- The record's one write of this attempt: its outcome, with the lease settled. Each record
+    -- is probed by its key alone: a probe that also named the flush's ids (w.id = ANY (...))
+    -- sorted that array again for every record: a flush of 1,000 cost 1.7 times as much
+    -- (test_hot_path.py::test_a_flush_probes_each_record_by_its_key_alone).
     UPDATE pgwork.renewal_work w
        SET status = o.status,
            lease = h.lease,
@@ -88,7 +91,6 @@ WITH o AS (
       FROM held h
       JOIN o ON o.work_id = h.work_id AND o.lease = h.lease
      WHERE w.id = h.work_id
-       AND w.id = ANY ((SELECT array_agg(work_id) FROM o)::bigint[])
     RETURNING w.id, w.lease, w.status, w.channel, w.source, w.available_at, w.due_at
 ), retried AS (
     -- A retry waits in work_ready again (pgwork.wake_lanes brings its lane's turn to its time).
