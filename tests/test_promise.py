@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -397,6 +399,41 @@ async def _waits_on_a_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
     )
 
 
+@asynccontextmanager
+async def _writer_beside_a_lock(
+    dsn: str,
+    blocker: psycopg.AsyncConnection[Any],
+    *,
+    pool_size: int,
+    timeout: float,
+    submitted_first: Iterable[Record] = (),
+    **settings: float,
+) -> AsyncIterator[tuple[OutcomeWriter, list[int]]]:
+    """An outcome writer running on a pool of its own (``settings`` set on it, ``submitted_first``
+    submitted before it runs), and the ids its flushes made durable. On leaving: the lock's
+    holder rolls back, the writer writes what it holds, and the holder and the pool close."""
+    durable: list[int] = []
+    pool = db.make_pool(dsn, pool_size, 5.0)
+    await pool.open(wait=True)
+    try:
+        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
+        for name, value in settings.items():
+            setattr(writer, name, value)
+        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
+        for rec in submitted_first:
+            writer.submit(rec)
+        with anyio.fail_after(timeout):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer.run)
+                yield writer, durable
+                await blocker.rollback()
+                await writer.drain()
+                tg.cancel_scope.cancel()
+    finally:
+        await blocker.close()
+        await pool.close()
+
+
 async def test_outcomes_are_written_while_a_flush_waits_on_a_lock(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -407,33 +444,19 @@ async def test_outcomes_are_written_while_a_flush_waits_on_a_lock(
     few = 8
     rows_, blocker = await _flush_held_by_a_lock(dsn, conn, 1 + few)
     first, others = rows_[0], rows_[1:]
-    durable: list[int] = []
-    pool = db.make_pool(dsn, 4, 5.0)
-    await pool.open(wait=True)
-    try:
-        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
-        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(writer.run)
-                writer.submit(_rec(first, "ready"))
-                await until(lambda: _waits_on_a_lock(conn), what="the first flush to wait")
-                t0 = time.monotonic()
-                for r in others:
-                    writer.submit(_rec(r, "delivered"))
+    async with _writer_beside_a_lock(dsn, blocker, pool_size=4, timeout=30) as (writer, durable):
+        writer.submit(_rec(first, "ready"))
+        await until(lambda: _waits_on_a_lock(conn), what="the first flush to wait")
+        t0 = time.monotonic()
+        for r in others:
+            writer.submit(_rec(r, "delivered"))
 
-                async def others_written() -> bool:
-                    return len(durable) == few
+        async def others_written() -> bool:
+            return len(durable) == few
 
-                await until(others_written, timeout=10, what="the other outcomes written")
-                assert time.monotonic() - t0 < OutcomeWriter.STALLED_AFTER + 2.0
-                assert sorted(durable) == sorted(r["id"] for r in others)
-                await blocker.rollback()
-                await writer.drain()
-                tg.cancel_scope.cancel()
-    finally:
-        await blocker.close()
-        await pool.close()
+        await until(others_written, timeout=10, what="the other outcomes written")
+        assert time.monotonic() - t0 < OutcomeWriter.STALLED_AFTER + 2.0
+        assert sorted(durable) == sorted(r["id"] for r in others)
     assert sorted(durable) == sorted(r["id"] for r in rows_)
 
 
@@ -445,9 +468,6 @@ async def test_a_writer_whose_flushes_are_all_stalled_waits_without_spinning(
     does not turn (before, a batch whose time had come and could not go set a timer of zero
     seconds, again and again: a core spun while the database was stuck)."""
     rows_, blocker = await _flush_held_by_a_lock(dsn, conn, 3)
-    durable: list[int] = []
-    pool = db.make_pool(dsn, 2, 5.0)
-    await pool.open(wait=True)
     passes = 0
     take = OutcomeWriter._take
 
@@ -457,27 +477,17 @@ async def test_a_writer_whose_flushes_are_all_stalled_waits_without_spinning(
         return take(self, now)
 
     monkeypatch.setattr(OutcomeWriter, "_take", counted)
-    try:
-        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
-        writer.MAX_FLUSHES, writer.STALLED_AFTER = 1, 0.2
-        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(writer.run)
-                writer.submit(_rec(rows_[0], "delivered"))
-                await until(lambda: _waits_on_a_lock(conn), what="the flush to wait")
-                for r in rows_[1:]:
-                    writer.submit(_rec(r, "delivered"))
-                await anyio.sleep(1.0)  # stalled after 0.2 s; the others' GATHER_S long past
-                assert durable == []
-                # The stall watch looks four times per STALLED_AFTER: ~20 passes in a second.
-                assert passes < 100, passes
-                await blocker.rollback()
-                await writer.drain()
-                tg.cancel_scope.cancel()
-    finally:
-        await blocker.close()
-        await pool.close()
+    async with _writer_beside_a_lock(
+        dsn, blocker, pool_size=2, timeout=30, MAX_FLUSHES=1, STALLED_AFTER=0.2
+    ) as (writer, durable):
+        writer.submit(_rec(rows_[0], "delivered"))
+        await until(lambda: _waits_on_a_lock(conn), what="the flush to wait")
+        for r in rows_[1:]:
+            writer.submit(_rec(r, "delivered"))
+        await anyio.sleep(1.0)  # stalled after 0.2 s; the others' GATHER_S long past
+        assert durable == []
+        # The stall watch looks four times per STALLED_AFTER: ~20 passes in a second.
+        assert passes < 100, passes
     assert sorted(durable) == sorted(r["id"] for r in rows_)
 
 
@@ -489,30 +499,18 @@ async def test_a_flush_that_times_out_on_a_lock_is_split_so_the_others_are_writt
     lock timeout the batch is written in halves, so the others are durable while the lock is
     still held; the held one is written once the lock goes."""
     rows_, blocker = await _flush_held_by_a_lock(dsn, conn, 6)
-    durable: list[int] = []
     monkeypatch.setitem(db.SESSION_SETTINGS, "lock_timeout", "1s")
-    pool = db.make_pool(dsn, 4, 5.0)
-    await pool.open(wait=True)
-    try:
-        writer = OutcomeWriter(pool, Metrics(), Identity("d", "h", 1))
-        writer.subscribe("test", lambda rs, fenced: durable.extend(r.work_id for r in rs))
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
-                for r in rows_:  # one batch: submitted before the writer runs
-                    writer.submit(_rec(r, "delivered"))
-                tg.start_soon(writer.run)
+    # One batch: submitted before the writer runs.
+    batch = [_rec(r, "delivered") for r in rows_]
+    async with _writer_beside_a_lock(
+        dsn, blocker, pool_size=4, timeout=60, submitted_first=batch
+    ) as (_, durable):
 
-                async def others_written() -> bool:
-                    return len(durable) == len(rows_) - 1
+        async def others_written() -> bool:
+            return len(durable) == len(rows_) - 1
 
-                await until(others_written, timeout=30, what="the others written")
-                assert rows_[0]["id"] not in durable
-                await blocker.rollback()
-                await writer.drain()
-                tg.cancel_scope.cancel()
-    finally:
-        await blocker.close()
-        await pool.close()
+        await until(others_written, timeout=30, what="the others written")
+        assert rows_[0]["id"] not in durable
     assert sorted(durable) == sorted(r["id"] for r in rows_)
 
 
