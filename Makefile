@@ -66,4 +66,7 @@ bench-smoke: $(VENV)/.dev ## the benchmark harness at tiny sizes (seconds): chec
 	$(BIN)/python -m bench.flood --flood 2000
 	$(BIN)/python -m bench.flood --series 5 --settle 2
 
-.PHONY: bench bench-smoke
+torture: $(VENV)/.dev ## the nemesis: random schedules of writes, edits and faults for ten minutes (TORTURE_ARGS)
+	$(BIN)/python -m bench.torture --minutes 10 $(TORTURE_ARGS)
+
+.PHONY: bench bench-smoke torture

@@ -112,3 +112,41 @@ def procs(tmp_path: Path) -> Iterator[Any]:
         if p.proc.poll() is None:
             p.proc.send_signal(signal.SIGCONT)
         p.kill()
+
+
+async def session_with_pid(dsn: str, pid: int, tries: int = 20) -> Any:
+    """A new session on ``dsn`` whose backend has pid ``pid`` (gone by now), as a wrap of the
+    kernel's pids would give one: the kernel's last pid is set to the one before (root, Linux),
+    and the server's next backend takes ``pid``. Returns the open connection (the caller closes
+    it), or None where that cannot be done here (another process took the pid each time)."""
+    import psycopg
+
+    def set_last_pid() -> bool:
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        except OSError:
+            return False
+        return True
+
+    for _ in range(tries):
+        if not set_last_pid():
+            return None
+        c = await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, application_name="an unrelated app"
+        )
+        if c.info.backend_pid == pid:
+            return c
+        await c.close()
+    return None
+
+
+def next_migrate(dsn: str) -> subprocess.Popen[bytes]:
+    """A next-version `pgwork migrate` in a process of its own (one step: three seconds of
+    sleep inside its transaction), for a test to kill (tests/properties/next_migrate.py)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.properties.next_migrate", dsn],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
