@@ -555,7 +555,7 @@ async def test_a_page_planned_on_empty_tables_reads_by_key(
         "coordinate": True, "cutoff": None, "lookahead": timedelta(minutes=1), "after_at": None,
         "after_id": 0, "limit": 100, "origin": "d1",
         "take": json.dumps([{"channel": "test", "room": 10, "expire_after_s": None}]),
-        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [],
+        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [], "turn_after": None,
     }  # fmt: skip
     async with await db.connect(dsn, pooled=True) as daemon:  # no session settings
         for _ in range(6):  # planned while both tables are empty (custom ones first)
@@ -597,7 +597,7 @@ async def test_a_crowded_page_finds_its_sources_by_key(
     params: dict[str, Any] = {
         "coordinate": True, "cutoff": None, "lookahead": timedelta(0), "after_at": None,
         "after_id": 0, "limit": 100, "origin": "d1", "take": "[]",
-        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [],
+        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [], "turn_after": None,
     }  # fmt: skip
     async with await db.connect(dsn, pooled=True) as daemon:  # no session settings
         for _ in range(6):  # planned while the tables are empty
@@ -754,7 +754,7 @@ async def test_a_page_reads_only_the_tombstones_of_what_it_pages(
     params: dict[str, Any] = {
         "coordinate": True, "cutoff": None, "lookahead": timedelta(0), "after_at": None,
         "after_id": 0, "limit": 1000, "origin": "d1", "take": take,
-        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [],
+        "lease": timedelta(seconds=60), "daemon_id": "d1", "aside": [], "turn_after": None,
     }  # fmt: skip
     async with await db.connect(dsn) as daemon:
         for _ in range(2):  # a connection's first page plans the function's statements
@@ -1335,7 +1335,7 @@ async def test_the_pages_planner_settings_are_its_own(conn: psycopg.AsyncConnect
     async with conn.transaction():
         await conn.execute(
             "SELECT * FROM pgwork.materialise_page(false, NULL, '0', NULL, 0, 10, 'test', "
-            "'[]'::jsonb, '1 minute', 'test', '{}')"
+            "'[]'::jsonb, '1 minute', 'test', '{}', NULL)"
         )
         cur = await conn.execute(
             "SELECT current_setting('enable_seqscan') AS seqscan, "

@@ -472,7 +472,7 @@ async def test_a_series_page_probes_by_key_whatever_the_statistics_say(
     params = {
         "coordinate": True, "cutoff": utc("2027-01-01 09:01"), "lookahead": dt.timedelta(0),
         "after_at": None, "after_id": 0, "limit": 1000, "origin": "d1", "take": "[]",
-        "lease": dt.timedelta(seconds=60), "daemon_id": "d1", "aside": [],
+        "lease": dt.timedelta(seconds=60), "daemon_id": "d1", "aside": [], "turn_after": None,
     }  # fmt: skip
     async with await db.connect(dsn) as daemon:
         cur = await daemon.execute(Q["materialise_page"], params)  # the first 1,000
@@ -509,7 +509,7 @@ async def test_a_series_page_works_out_each_rule_s_density_inline(
     params = {
         "coordinate": True, "cutoff": utc("2027-01-01 09:01"), "lookahead": dt.timedelta(0),
         "after_at": None, "after_id": 0, "limit": 1000, "origin": "d1", "take": "[]",
-        "lease": dt.timedelta(seconds=60), "daemon_id": "d1", "aside": [],
+        "lease": dt.timedelta(seconds=60), "daemon_id": "d1", "aside": [], "turn_after": None,
     }  # fmt: skip
     async with await db.connect(dsn) as daemon:
         async with daemon.transaction():

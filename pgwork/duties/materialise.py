@@ -32,6 +32,11 @@ LOCKED_WARNING = 10.0
 #: After a page with claims failed, pages run without claims for this long, seconds: a claim
 #: that keeps failing must not hold up materialisation (the claim loops still claim).
 CLAIMS_OFF_AFTER_FAILURE = 60.0
+#: A pass of the duty ends after this long, seconds, when more is due (a flood), and the next
+#: starts at once: with a new cutoff (a reminder falling due while the flood is made waits for
+#: one pass, not for the whole flood) and from the start of the due set (one written overdue
+#: meanwhile is found too). Never within a bisection (see ``run_once``).
+PASS_BUDGET = 0.5
 
 
 async def warm_pages(pool: AsyncConnectionPool[AsyncConnection[Any]], size: int) -> int:
@@ -91,6 +96,15 @@ class SetAside:
         self._wait[reminder_id] = wait
         self._until[reminder_id] = now + wait
         return wait
+
+
+@dataclass
+class Turn:
+    """Where a full page's turn of sources starts: after ``source`` (None: the first). Carried
+    by the duty from page to page and pass to pass, so that every source with due reminders
+    gets its turn however many there are (``pgwork.materialise_page``)."""
+
+    source: str | None = None
 
 
 class PageClaimer(Protocol):
@@ -171,14 +185,17 @@ class PassResult:
     unfinished: int = 0
     #: Reminders a page failed on, set aside by this pass (see ``SetAside``).
     set_aside: int = 0
+    #: The pass spent its time budget with more due: the next goes on at once.
+    cut_short: bool = False
 
     @property
     def left_locked(self) -> bool:
         """Some reminder due in this pass was locked by an app and left for the next pass (not
         ``Page.skipped``: occurrences a catch_up policy closed, counted in ``caught_up``; nor a
-        series left unfinished, whose progress is short of the cutoff too)."""
+        series left unfinished, or a pass cut short, whose progress is short of the cutoff too)."""
         return (
             not self.unfinished
+            and not self.cut_short
             and self.next_after_cutoff is not None
             and self.next_after_cutoff <= 0
         )
@@ -196,6 +213,8 @@ async def run_once(
     claimers: Sequence[PageClaimer] = (),
     origin: str = "",
     aside: SetAside | None = None,
+    turn: Turn | None = None,
+    budget: float | None = None,
 ) -> PassResult | None:
     """One complete pass: every occurrence firing at or before the cutoff gets its work row,
     except for reminders an app holds locked right now (the result says so; the next pass takes
@@ -218,6 +237,10 @@ async def run_once(
     set aside for a while (logged, counted in ``PassResult.set_aside``) unless a page of no
     reminder fails too; the pass goes on without it. A reminder set aside sets no timer and
     holds the pass's evidence (``materialise_record_pass``) short of its occurrence.
+
+    ``turn``: where full pages' turns of sources start, updated as pages serve them. ``budget``:
+    seconds after which the pass ends with more due (``PassResult.cut_short``; its evidence stops
+    short of the first reminder it did not make), unless it is bisecting a failed page.
     """
     t0 = time.monotonic()
     after_at: datetime | None = None
@@ -225,7 +248,7 @@ async def run_once(
     scanned = made = made_due = caught_up = pages = unfinished = set_aside = 0
     longest = 0.0
     limit = page_size
-    failed = False
+    failed = cut_short = False
     while True:
         p0 = time.monotonic()
         first = pages == 0 and not failed
@@ -243,6 +266,7 @@ async def run_once(
                 origin=origin,
                 take=[req for _, req in asked],
                 aside=left_out,
+                turn_after=turn.source if turn is not None else None,
             )
         except BaseException as e:
             for c, req in asked:
@@ -295,6 +319,8 @@ async def run_once(
         if page is None:
             return None
         cutoff = page.cutoff
+        if turn is not None:
+            turn.source = page.turn_source
         longest = max(longest, time.monotonic() - p0)
         if progress is not None:
             progress()
@@ -311,6 +337,9 @@ async def run_once(
         if page.scanned < limit:
             break
         after_at, after_id = page.last_at, page.last_id or 0
+        if budget is not None and limit == page_size and time.monotonic() - t0 >= budget:
+            cut_short = True
+            break
     duration = time.monotonic() - t0
     assert cutoff is not None
     left_out = aside.ids(time.monotonic()) if aside is not None else []
@@ -324,7 +353,7 @@ async def run_once(
         # A reminder was skipped (an app holds its row lock), or a series made its share and
         # has more: the evidence stops short of it.
         complete_to = min(complete_to, nxt.at - timedelta(microseconds=1))
-        if not unfinished:
+        if not unfinished and not cut_short:
             log.info(
                 "skipped reminders locked by another transaction; the next pass takes them",
                 extra={"reminder_id": nxt.id, "fires_at": nxt.at.isoformat()},
@@ -360,6 +389,7 @@ async def run_once(
         caught_up,
         unfinished,
         set_aside,
+        cut_short,
     )
 
 
@@ -443,6 +473,7 @@ class Materialiser:
     waker: Waker = field(default_factory=Waker)
     stalls: Stalls = field(default_factory=Stalls)
     aside: SetAside = field(default_factory=SetAside)
+    turn: Turn = field(default_factory=Turn)
     _claims_off_until: float = field(default=0.0, init=False)
 
     async def step(self) -> Next:
@@ -459,6 +490,8 @@ class Materialiser:
                     claimers=claimers,
                     origin=self.origin,
                     aside=self.aside,
+                    turn=self.turn,
+                    budget=PASS_BUDGET,
                 )
         except psycopg.DatabaseError as e:
             # Not for a lost connection: the pass fails either way. A statement timeout, a row's
@@ -488,6 +521,10 @@ class Materialiser:
             # A series made its share of a page and has more before the cutoff: go on at once
             # (each pass serves every other due reminder too).
             return Next(0, "unfinished")
+        if res.cut_short:
+            # More is due than a pass makes in its budget (a flood): go on at once, from the
+            # start, with a new cutoff.
+            return Next(0, "cut short")
         if res.next_after_cutoff is None:
             return Next(self.tick, "tick")
         if res.left_locked:

@@ -38,6 +38,8 @@ class Page:
     last_id: int | None
     #: Series whose share of the page ended short of the cutoff: the next pass goes on.
     unfinished: int
+    #: Where the next page's turn of sources starts (after this source; None: the first).
+    turn_source: str | None
 
 
 _PAGE_COLUMNS = tuple(f.name for f in fields(Page))
@@ -55,12 +57,14 @@ async def materialise_page(
     origin: str = "",
     take: Sequence[ClaimRequest] = (),
     aside: Sequence[int] = (),
+    turn_after: str | None = None,
 ) -> tuple[Page | None, list[Claimed]]:
     """One page, one statement (its own transaction): the coordination lock, the page, and the
     rows it inserted claimed for the channels in ``take`` (up to each one's ``limit``; they share
     one lease length and daemon). The page is None when another materialiser holds the lock.
     ``origin`` is the payload of the page's NOTIFY (a daemon's listener skips its own: its
-    workers were told)."""
+    workers were told). ``turn_after``: a full page serves the sources with due reminders in
+    turn from the one after it (the last page's ``Page.turn_source``)."""
     params = {
         "coordinate": coordinate,
         "cutoff": cutoff,
@@ -84,6 +88,7 @@ async def materialise_page(
         "lease": take[0].lease if take else timedelta(0),
         "daemon_id": take[0].daemon_id if take else "",
         "aside": list(aside),
+        "turn_after": turn_after,
     }
     assert all(t.lease == params["lease"] and t.daemon_id == params["daemon_id"] for t in take)
     async with conn.cursor() as cur:

@@ -57,11 +57,11 @@
 CREATE OR REPLACE FUNCTION pgwork.materialise_page(
     coordinate boolean, cutoff_at timestamptz, lookahead interval, after_at timestamptz,
     after_id bigint, page_limit integer, origin text, take jsonb, claim_lease interval,
-    daemon_id text, aside bigint[])
+    daemon_id text, aside bigint[], turn_after text)
 RETURNS TABLE (
     cutoff timestamptz, scanned bigint, made bigint, made_due bigint, skipped bigint,
     notified bigint, earliest_made timestamptz, last_at timestamptz, last_id bigint,
-    unfinished bigint, claimed pgwork.claimed)
+    unfinished bigint, turn_source text, claimed pgwork.claimed)
 LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -72,6 +72,7 @@ DECLARE
     fair tid[];
     fair_at timestamptz;
     fair_id bigint;
+    fair_turn text;
 BEGIN
     -- Under repeatable read or serializable, every statement here would share the snapshot taken
     -- before the lock: the ordering above, and with it "never sent twice", would not hold.
@@ -91,16 +92,20 @@ BEGIN
     cut := coalesce(materialise_page.cutoff_at, now() + materialise_page.lookahead);
     -- Fair turns. A page takes the due reminders in due order; when more are due after the
     -- cursor than it can take (one app's flood, a catch-up), that order would make every other
-    -- source's reminders wait behind them. Such a page serves each source with due reminders
-    -- in turn instead: half the page goes to every such source's earliest ones (its share: that
-    -- half over their number, at least one), the rest to due order, which moves the cursor
-    -- (the rows served out of order leave the due set as they are made). Sources are found by
-    -- a skip scan of reminder_due_by_source, a probe or two per source: only for a page that is
-    -- full, never for an idle one. A page of one reminder (bisecting a failed page) is in due
-    -- order. The page takes the rows chosen by their row versions (a TID scan, whatever the
-    -- statistics said when its plan was made: by id, a plan made while the table was empty read
-    -- a whole index per page, 6 s with 200,000 reminders on PostgreSQL 15); one an app changed
-    -- meanwhile is left for the next page.
+    -- source's reminders wait behind them. Such a page serves the sources with due reminders in
+    -- turn instead: half the page goes to the next of them in name order, after the last one a
+    -- page served (turn_after, which the daemon carries from page to page and pass to pass), round
+    -- to the first and on, at most half a page of sources, each its earliest ones (its share: that
+    -- half over their number, at least one). The rest goes to due order, which moves the cursor
+    -- (the rows served out of turn leave the due set as they are made). A source with a due
+    -- reminder waits for at most (due sources) / (half a page) pages, whatever the others have
+    -- due and however many they are; turn_source says where the next page's turn starts. Sources
+    -- are found by a skip scan of reminder_due_by_source, a probe or two per source, up to half
+    -- a page of due ones: only for a page that is full, never for an idle one. A page of one
+    -- reminder (bisecting a failed page) is in due order. The page takes the rows chosen by their
+    -- row versions (a TID scan, whatever the statistics said when its plan was made: by id, a plan
+    -- made while the table was empty read a whole index per page, 6 s with 200,000 reminders on
+    -- PostgreSQL 15); one an app changed meanwhile is left for the next page.
     IF materialise_page.page_limit > 1
        AND (SELECT count(*) FROM (
                 SELECT FROM pgwork.reminder r
@@ -111,24 +116,44 @@ BEGIN
                    AND NOT r.id = ANY (materialise_page.aside)
                  ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
                  LIMIT materialise_page.page_limit + 1) AS c) > materialise_page.page_limit THEN
-        WITH RECURSIVE src AS (
-            (SELECT r.source FROM pgwork.reminder r
-              WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
-              ORDER BY r.source LIMIT 1)
+        WITH RECURSIVE walk (source, lap, n) AS (
+            -- The sources with reminders left to make, in name order from the one after
+            -- turn_after (lap 0) round to it again (lap 1): one probe of the index per source.
+            SELECT s.source, s.lap, 1
+              FROM (SELECT coalesce(a.source, b.source)::text AS source, (a.source IS NULL)::int AS lap
+                      FROM (SELECT (SELECT r.source FROM pgwork.reminder r
+                                     WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                                       AND r.source > coalesce(materialise_page.turn_after, '')
+                                     ORDER BY r.source LIMIT 1) AS source) AS a,
+                           (SELECT (SELECT r.source FROM pgwork.reminder r
+                                     WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+                                     ORDER BY r.source LIMIT 1) AS source) AS b) AS s
+             WHERE s.source IS NOT NULL
+               AND (s.lap = 0 OR s.source <= coalesce(materialise_page.turn_after, ''))
             UNION ALL
-            SELECT (SELECT r.source FROM pgwork.reminder r
-                     WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity') AND r.source > s.source
-                     ORDER BY r.source LIMIT 1)
-              FROM src s
-             WHERE s.source IS NOT NULL
+            SELECT x.source, x.lap, w.n + 1
+              FROM walk w
+             CROSS JOIN LATERAL (
+                   SELECT CASE WHEN nx.source IS NOT NULL THEN nx.source
+                               WHEN w.lap = 0 THEN (SELECT r.source FROM pgwork.reminder r
+                                                     WHERE r.next_fire_at IS NULL OR r.next_fire_at < 'infinity'
+                                                     ORDER BY r.source LIMIT 1) END::text AS source,
+                          w.lap + (nx.source IS NULL)::int AS lap
+                     FROM (SELECT (SELECT r.source FROM pgwork.reminder r
+                                    WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+                                      AND r.source > w.source
+                                    ORDER BY r.source LIMIT 1) AS source) AS nx) AS x
+             WHERE x.source IS NOT NULL
+               AND (x.lap = 0 OR x.source <= coalesce(materialise_page.turn_after, ''))
         ), due_src AS MATERIALIZED (
-            -- A probe per source (a scalar subquery with LIMIT, not EXISTS, which a plan made
-            -- on stale statistics turned into a hash of every due reminder, on every page).
-            SELECT s.source
-              FROM src s
-             WHERE s.source IS NOT NULL
-               AND (SELECT true FROM pgwork.reminder r
-                     WHERE r.source = s.source
+            -- The first half page of them with a reminder due after the cursor (a probe per
+            -- source: a scalar subquery with LIMIT, not EXISTS, which a plan made on stale
+            -- statistics turned into a hash of every due reminder, on every page); the walk
+            -- stops there.
+            SELECT w.source, w.n
+              FROM walk w
+             WHERE (SELECT true FROM pgwork.reminder r
+                     WHERE r.source = w.source
                        AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
                        AND coalesce(r.next_fire_at, r.due_at) <= cut
                        AND (coalesce(r.next_fire_at, r.due_at), r.id)
@@ -136,15 +161,17 @@ BEGIN
                        AND NOT r.id = ANY (materialise_page.aside)
                      ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
                      LIMIT 1) IS NOT NULL
+             LIMIT greatest(1, materialise_page.page_limit / 2)
         ), share AS MATERIALIZED (
-            SELECT greatest(1, (materialise_page.page_limit / 2) / count(*))::int AS n, count(*) AS sources
+            SELECT greatest(1, (materialise_page.page_limit / 2) / count(*))::int AS n, count(*) AS sources,
+                   (SELECT d.source FROM due_src d ORDER BY d.n DESC LIMIT 1) AS last_source
               FROM due_src
         ), picks AS MATERIALIZED (
             SELECT p.id, p.row_ctid
               FROM due_src s
              CROSS JOIN share h
              CROSS JOIN LATERAL (
-                   SELECT r.id, r.ctid AS row_ctid, coalesce(r.next_fire_at, r.due_at) AS at
+                   SELECT r.id, r.ctid AS row_ctid
                      FROM pgwork.reminder r
                     WHERE r.source = s.source
                       AND (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
@@ -155,8 +182,6 @@ BEGIN
                     ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
                     LIMIT h.n) AS p
              WHERE h.sources > 1
-             ORDER BY p.at, p.id
-             LIMIT materialise_page.page_limit / 2
         ), fill AS MATERIALIZED (
             SELECT r.id, r.ctid AS row_ctid, coalesce(r.next_fire_at, r.due_at) AS at
               FROM pgwork.reminder r
@@ -170,8 +195,8 @@ BEGIN
              LIMIT materialise_page.page_limit - (SELECT count(*) FROM picks)
         )
         SELECT (SELECT array_agg(k.row_ctid) FROM picks k) || (SELECT array_agg(f.row_ctid) FROM fill f),
-               l.at, l.id
-          INTO fair, fair_at, fair_id
+               l.at, l.id, (SELECT h.last_source FROM share h)
+          INTO fair, fair_at, fair_id, fair_turn
           FROM (SELECT 1) AS one
           LEFT JOIN LATERAL (SELECT f.at, f.id FROM fill f ORDER BY f.at DESC, f.id DESC LIMIT 1) AS l ON true
          WHERE (SELECT count(*) FROM picks) > 0;
@@ -333,7 +358,8 @@ BEGIN
                least(m.earliest, s.earliest) AS earliest_made,
                CASE WHEN fair IS NULL THEN l.next_fire_at ELSE coalesce(fair_at, materialise_page.after_at) END AS last_at,
                CASE WHEN fair IS NULL THEN l.id ELSE coalesce(fair_id, materialise_page.after_id) END AS last_id,
-               s.unfinished
+               s.unfinished,
+               CASE WHEN fair IS NULL THEN materialise_page.turn_after ELSE fair_turn END AS turn_source
           FROM params p
          CROSS JOIN (SELECT count(*) AS made,
                             count(*) FILTER (WHERE m.due_at <= now() AND m.status = 'ready') AS made_due,
@@ -356,7 +382,7 @@ BEGIN
          WHERE m.taken
     )
     SELECT f.cutoff, f.scanned, f.made, f.made_due, f.skipped, f.notified, f.earliest_made,
-           f.last_at, f.last_id, f.unfinished, c.claimed
+           f.last_at, f.last_id, f.unfinished, f.turn_source, c.claimed
       FROM figures f
       LEFT JOIN claimed c ON true
      ORDER BY c.due_at, c.id;

@@ -62,7 +62,9 @@ LANGUAGE plpgsql AS $$
 BEGIN
     -- A statement made rows ready (a page, a retry, a give-back, a redrive, a revival: every
     -- insert into work_ready): their lanes' turns come no later than the rows (or now, for a row
-    -- ready earlier: it queues behind the lanes already waiting). Lanes are locked in key order by
+    -- ready earlier: it queues behind the lanes already waiting, a new lane too: one made with
+    -- its rows' old due time went ahead of every lane waiting since then, and a flood's sources,
+    -- whose lanes come and go as their rows are made, kept another source's lane at the back). Lanes are locked in key order by
     -- every writer, so two writers never wait for each other in a cycle; a claim never waits for
     -- a lane (SKIP LOCKED). ON CONFLICT DO UPDATE locks the lane before its WHERE is judged: a
     -- claim turning the lane meanwhile (it could not see these rows) is waited for, then
@@ -74,7 +76,8 @@ BEGIN
         RETURN NULL;
     END IF;
     INSERT INTO pgwork.lane AS l (channel, source, turn_at, ready_from, ready_from_id)
-    SELECT DISTINCT ON (r.channel, r.source) r.channel, r.source, r.available_at, r.available_at, r.work_id
+    SELECT DISTINCT ON (r.channel, r.source) r.channel, r.source, greatest(r.available_at, now()),
+           r.available_at, r.work_id
       FROM woken r
      ORDER BY r.channel, r.source, r.available_at, r.work_id
         ON CONFLICT (channel, source) DO UPDATE

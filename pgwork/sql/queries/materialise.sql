@@ -3,17 +3,18 @@
 -- Parameters are psycopg named placeholders; time comes from the database's clock (now()).
 
 -- name: materialise_page
--- One page of the materialiser in one statement: pgwork.materialise_page (schema.sql) takes the
--- coordination lock, then runs the page in a statement of its own (a younger snapshot than the lock:
--- see there why that matters), and returns the page's figures on every row with the rows it
+-- One page of the materialiser in one statement: pgwork.materialise_page (sql/code/page.sql) takes
+-- the coordination lock, then runs the page in a statement of its own (a younger snapshot than the
+-- lock: see there why that matters), and returns the page's figures on every row with the rows it
 -- inserted claimed, as claim_work returns them (none claimed: one row, claimed columns NULL).
 -- No row: another materialiser holds the lock.
 SELECT p.cutoff, p.scanned, p.made, p.made_due, p.skipped, p.notified, p.earliest_made,
-       p.last_at, p.last_id, p.unfinished, (p.claimed).*
+       p.last_at, p.last_id, p.unfinished, p.turn_source, (p.claimed).*
   FROM pgwork.materialise_page(
     %(coordinate)s::boolean, %(cutoff)s::timestamptz, %(lookahead)s::interval,
     %(after_at)s::timestamptz, %(after_id)s::bigint, %(limit)s::integer, %(origin)s::text,
-    %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text, %(aside)s::bigint[]) AS p
+    %(take)s::jsonb, %(lease)s::interval, %(daemon_id)s::text, %(aside)s::bigint[],
+    %(turn_after)s::text) AS p
 
 -- name: next_due_reminder
 -- The reminder a page from this cursor would take first (not one set aside): what a page that
