@@ -378,6 +378,20 @@ COMMENT ON COLUMN pgwork.work_lease.expires_at IS 'The lease''s end: past it, th
 -- where a claim finds expired ones.
 CREATE INDEX work_lease_expiry ON pgwork.work_lease (channel, expires_at);
 
+CREATE TABLE pgwork.work_moved (
+    work_id  bigint PRIMARY KEY,
+    channel  text NOT NULL,
+    moved_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE pgwork.work_moved IS
+    'Sends in flight whose reminder an app moved to another channel: where each goes when its '
+    'lease ends without an outcome (written by the reminder''s trigger, which never touches the '
+    'lease a daemon holds; read and deleted by the claim of that channel, and by the outcome).';
+COMMENT ON COLUMN pgwork.work_moved.channel IS 'The channel the reminder names now.';
+-- Where a channel's claim finds the sends moved to it (the table holds a row per send moved
+-- while in flight, gone with its lease).
+CREATE INDEX work_moved_channel ON pgwork.work_moved (channel);
+
 -- The row a claim hands a worker, declared once: claim_work returns it, and so does the page for
 -- the rows it inserts claimed (pgwork.as_claimed makes one from a work row); store.Claimed is
 -- checked against it when a daemon starts (db.check_schema).

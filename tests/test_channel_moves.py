@@ -319,3 +319,90 @@ async def test_retire_names_the_daemons_serving_the_channel_and_they_drop_it(
     await conn.execute("INSERT INTO pgwork.channel (name, kind) VALUES ('old', 'log')")
     r = pgwork("channel", "retire", "old", dsn=dsn)
     assert r.returncode == 0 and "Still served" not in r.stdout, r.stdout
+
+
+def _two_channels(url: str, serve: tuple[str, ...]) -> str:
+    """A daemon process's config serving ``serve`` of channels ``old`` and ``new`` (one
+    receiver behind both), with a 2 s lease and a 1 s grace."""
+    from .processes import toml
+
+    chans = "".join(
+        f'[channels.{c}]\nkind = "webhook"\nurl = "{url}"\nbackoff_base = "50ms"\n'
+        'backoff_cap = "200ms"\n'
+        for c in serve
+    )
+    return toml(channel=chans, grace="1s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "death",
+    ["SIGKILL, restarted serving only new", "SIGKILL, old still served", "SIGTERM"],
+)
+async def test_a_send_moved_while_in_flight_goes_to_its_new_channel_when_its_daemon_dies(
+    death: str, dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    """Issue 67: a one-off's and a daily series' sends are in flight on ``old`` when the app
+    moves both reminders to ``new``; then their daemon dies. Nothing was sent in 30 s when the
+    daemon came back serving only ``new`` (both rows ready with an expired lease on ``old``),
+    and once ``old`` was served again both went out there, none on ``new``: the reclaim
+    re-issued the lease on the lease's channel. Each now goes out on ``new`` under its key
+    within its lease after the death, and never again on ``old`` — whichever channels the
+    daemon that comes back serves, and when a clean stop gives the rows back instead."""
+    import signal
+    import time
+
+    hold = threading.Event()
+
+    def script(r: Any) -> Answer:
+        return Answer(hold=hold) if r.body["channel"] == "old" else Answer()
+
+    with Receiver(script) as receiver:
+        first = procs(dsn, _two_channels(receiver.url, ("old", "new")))
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES ('app', 'once', now(), 'old', 'r')"
+        )
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_local, due_tz, recur, channel, "
+            "recipient) VALUES ('app', 'daily', date_trunc('second', now() AT TIME ZONE 'UTC') "
+            "+ interval '1 second', 'UTC', 'FREQ=DAILY', 'old', 'r')"
+        )
+        held = await anyio.to_thread.run_sync(receiver.wait_for, 2)
+        keys = {r.body["business_key"]: r.key for r in held}
+        await conn.execute("UPDATE pgwork.reminder SET channel = 'new' WHERE source = 'app'")
+        moved = time.time()
+        first.signal(signal.SIGTERM if death == "SIGTERM" else signal.SIGKILL)
+        await anyio.to_thread.run_sync(lambda: first.wait(20))
+        died = time.time()
+        hold.set()  # the held answers go to a daemon that is gone
+        serve = ("old", "new") if death == "SIGKILL, old still served" else ("new",)
+        procs(dsn, _two_channels(receiver.url, serve))
+
+        def sent_on_new() -> dict[str, Any]:
+            return {
+                r.body["business_key"]: r for r in receiver.requests if r.body["channel"] == "new"
+            }
+
+        await until(lambda: _true(len(sent_on_new()) == 2), timeout=30, what="both on new")
+        await anyio.sleep(1.0)  # nothing more comes, on either channel
+    on_new = sent_on_new()
+    assert {k: r.key for k, r in on_new.items()} == keys  # each under its key
+    late = {k: round(r.at - died, 1) for k, r in on_new.items()}
+    assert all(s < 2.0 + 3.0 for s in late.values()), late  # the lease (2 s), and a claim
+    again = [r.body["business_key"] for r in receiver.requests if r.body["channel"] == "old"
+             and r.at > moved]  # fmt: skip
+    assert again == [], again
+    states = await rows(
+        conn,
+        "SELECT business_key, status, channel FROM pgwork.renewal_work ORDER BY business_key",
+    )
+    assert [(s["business_key"], s["status"], s["channel"]) for s in states] == [
+        ("daily", "delivered", "new"),
+        ("once", "delivered", "new"),
+    ], states
+    assert await rows(conn, "SELECT * FROM pgwork.work_moved") == []
+
+
+async def _true(value: bool) -> bool:
+    return value

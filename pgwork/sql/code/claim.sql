@@ -129,12 +129,28 @@ BEGIN
     ), reclaim AS MATERIALIZED (
         -- Rows whose lease expired (their worker died or lost its connection) come first: they
         -- are the oldest. Read through work_lease_expiry, where live leases are the later part.
-        SELECT l.work_id AS id, l.source, l.expires_at AS available_at
-          FROM pgwork.work_lease l
-         WHERE l.channel = claim_rows.channel AND l.expires_at <= now()
-         ORDER BY l.expires_at, l.work_id
-         LIMIT coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
-           FOR UPDATE SKIP LOCKED
+        SELECT e.id, e.source, e.available_at, e.moved_in
+          FROM (SELECT l.work_id AS id, l.source, l.expires_at AS available_at, false AS moved_in
+                  FROM pgwork.work_lease l
+                 WHERE l.channel = claim_rows.channel AND l.expires_at <= now()
+                 ORDER BY l.expires_at, l.work_id
+                 LIMIT coalesce((SELECT budget FROM gate), claim_rows.claim_limit)
+                   FOR UPDATE SKIP LOCKED) AS e
+        UNION ALL
+        -- ... and sends an app moved to this channel while they were in flight on another one,
+        -- whose lease expired there (pgwork.work_moved; usually no row): taken over here, whether
+        -- or not a daemon serves the old channel. Its note is locked too (SKIP LOCKED: an app
+        -- moving the reminder again right now is not waited for) and goes with the takeover.
+        SELECT t.id, t.source, t.available_at, true
+          FROM (SELECT l.work_id AS id, l.source, l.expires_at AS available_at
+                  FROM pgwork.work_moved m
+                  JOIN pgwork.work_lease l ON l.work_id = m.work_id
+                 WHERE m.channel = claim_rows.channel AND l.channel <> claim_rows.channel
+                   AND l.expires_at <= now()
+                   FOR UPDATE OF l, m SKIP LOCKED) AS t
+    ), unmoved AS (
+        DELETE FROM pgwork.work_moved m
+         WHERE m.work_id = ANY ((SELECT array_agg(x.id) FROM reclaim x WHERE x.moved_in)::bigint[])
     ), share AS MATERIALIZED (
         -- What is left of the budget, shared between the lanes served: a lane gets an equal share
         -- (rounded up), and no more lanes are served than the budget has rows (a budget of one
@@ -232,6 +248,7 @@ BEGIN
         -- gone or closed, which only a migration's copy racing an app's edit leaves, is dropped).
         DELETE FROM pgwork.work_ready r
          WHERE r.work_id = ANY ((SELECT array_agg(c.id) FROM candidate c)::bigint[])
+        RETURNING r.work_id
     ), judged AS (
         -- Each candidate's record, live, with the numbers its next lease counts from: the expired
         -- lease's for a reclaim, the record's own (the last settled) for a ready row.
@@ -239,10 +256,15 @@ BEGIN
                coalesce(l.lease, w.lease) AS prev_lease, coalesce(l.attempts, w.attempts) AS prev_attempts,
                l.claimed_at AS prev_claimed_at, l.claimed_by AS prev_claimed_by,
                coalesce(pgwork.work_unwanted(w, r),
+                        -- The reminder names another channel now (an app moved it while this
+                        -- send was in flight, or raced a retry): the send goes there, to be
+                        -- judged and claimed by that channel (below), never sent here.
+                        CASE WHEN r.channel <> w.channel THEN 'moved'
                         -- Counted from the last redrive when there was one: a redrive says "send it".
-                        CASE WHEN greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval < now() THEN 'expired'
+                             WHEN greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval < now() THEN 'expired'
                              WHEN coalesce(l.attempts, w.attempts) - w.attempts_base >= claim_rows.max_attempts THEN 'dead'
                              ELSE 'claimed' END) AS verdict,
+               r.channel AS moved_to,
                -- The payload as text: nothing in the claim decodes it (one undecodable payload
                -- cannot fail a batch), and receivers get it exactly as stored.
                r.recipient, r.payload::text AS payload, r.due_tz
@@ -269,10 +291,29 @@ BEGIN
           FROM judged j
          WHERE l.work_id = (j.w).id AND j.verdict = 'claimed' AND j.reclaimed
     ), released AS (
-        -- An expired lease whose row is closed instead (dead, expired, cancelled, superseded) goes.
+        -- An expired lease whose row is closed instead (dead, expired, cancelled, superseded) or
+        -- moved goes.
         DELETE FROM pgwork.work_lease l
          USING judged j
          WHERE l.work_id = (j.w).id AND j.verdict <> 'claimed' AND j.reclaimed
+    ), handed AS (
+        -- A moved send: its record goes to its reminder's channel, ready at once, the lease it
+        -- last held settled (an expired one was an attempt: the ledger says so below) ...
+        UPDATE pgwork.renewal_work w
+           SET channel = j.moved_to, available_at = now(),
+               lease = j.prev_lease, attempts = j.prev_attempts,
+               claimed_at = coalesce(j.prev_claimed_at, w.claimed_at),
+               claimed_by = coalesce(j.prev_claimed_by, w.claimed_by)
+          FROM judged j
+         WHERE w.id = (j.w).id AND j.verdict = 'moved'
+        RETURNING w.id, w.channel, w.source, w.available_at, w.due_at
+    ), requeued AS (
+        -- ... and into that channel's queue (pgwork.wake_lanes wakes its lane there), once its
+        -- row on this one is gone (read from unreadied: that DELETE runs first).
+        INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
+        SELECT h.id, h.channel, h.source, h.available_at, h.due_at
+          FROM handed h
+         WHERE (SELECT count(*) FROM unreadied) >= 0
     ), closed AS (
         -- The record is written only for a row closed instead of sent (rare): the lease it last
         -- held is settled with it.
@@ -291,7 +332,7 @@ BEGIN
                                              greatest(w.due_at, w.redriven_at) + claim_rows.expire_after::interval, w.due_at,
                                              claim_rows.expire_after::interval) END
           FROM judged j
-         WHERE w.id = (j.w).id AND j.verdict <> 'claimed'
+         WHERE w.id = (j.w).id AND j.verdict NOT IN ('claimed', 'moved')
     ), updated AS (
         -- The row a worker gets (pgwork.claimed). pgwork.as_claimed is inlined and its fields
         -- taken from the row as the plan has it: nothing is built per row that a column list
@@ -302,6 +343,7 @@ BEGIN
                                   CASE WHEN j.reclaimed THEN 'claimed' ELSE 'ready' END,
                                   j.recipient, j.payload, j.due_tz)).*
           FROM judged j
+         WHERE j.verdict <> 'moved'
     ), spent AS (
         -- The rate limit's tokens: what was there, minus the rows claimed for delivery.
         UPDATE pgwork.channel c

@@ -292,6 +292,24 @@ BEGIN
             UPDATE pgwork.reminder r SET next_fire_at = rewind WHERE r.id = NEW.id;
         END IF;
     END IF;
+    -- A new channel: the sends still live on another one are in flight now (the unsent ones were
+    -- closed above). Where each goes when its lease ends without an outcome (its daemon died) is
+    -- written beside it, in pgwork.work_moved: the new channel's claim finds it there and takes
+    -- it over, whether or not a daemon still serves the old one. The lease a daemon holds is not
+    -- touched (its outcome, and its heartbeat, never wait for this transaction); a send moved
+    -- back to its channel is no longer moved.
+    IF NEW.channel IS DISTINCT FROM OLD.channel THEN
+        WITH live AS MATERIALIZED (
+            SELECT w.id, w.channel FROM pgwork.renewal_work w
+             WHERE w.reminder_id = NEW.id AND w.status IS NOT DISTINCT FROM 'ready'
+        ), back AS (
+            DELETE FROM pgwork.work_moved m USING live v
+             WHERE m.work_id = v.id AND v.channel = NEW.channel
+        )
+        INSERT INTO pgwork.work_moved AS m (work_id, channel)
+        SELECT v.id, NEW.channel FROM live v WHERE v.channel <> NEW.channel
+            ON CONFLICT (work_id) DO UPDATE SET channel = excluded.channel, moved_at = now();
+    END IF;
     RETURN NULL;
 END
 $$;

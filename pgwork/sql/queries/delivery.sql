@@ -29,8 +29,11 @@ SELECT r.*
 SELECT extract(epoch FROM least(
            -- The first lane's turn (its ready rows are no earlier) ...
            (SELECT min(l.turn_at) FROM pgwork.lane l WHERE l.channel = %(channel)s),
-           -- ... or the first lease to expire.
-           (SELECT min(l.expires_at) FROM pgwork.work_lease l WHERE l.channel = %(channel)s)) - now())::float8 AS wait_s,
+           -- ... or the first lease to expire, or to expire of a send moved here in flight.
+           (SELECT min(l.expires_at) FROM pgwork.work_lease l WHERE l.channel = %(channel)s),
+           (SELECT min(l.expires_at) FROM pgwork.work_moved m
+              JOIN pgwork.work_lease l ON l.work_id = m.work_id
+             WHERE m.channel = %(channel)s AND l.channel <> %(channel)s)) - now())::float8 AS wait_s,
        -- A channel retired (`pgwork channel retire`) while this daemon serves it: nothing to
        -- claim, as if paused, until it is registered again.
        coalesce(c.paused, true) AS paused,
@@ -127,6 +130,16 @@ WITH o AS (
     -- reads the updated row: its failures already count this batch's.
     RETURNING c.name, CASE WHEN n.throttle IS NOT NULL OR n.pause IS NOT NULL OR (n.ok = 0 AND c.failures >= c.breaker_after)
                            THEN pg_notify('pgwork_channel', c.name)::text END AS told
+), unmoved AS (
+    -- A send an app moved to another channel while it was in flight ended here (its outcome is
+    -- written; a retry went to its reminder's channel above): its note in pgwork.work_moved goes.
+    -- Read only when the table has a row at all (the first test, made once per flush), and one an
+    -- app's transaction holds is passed over (its next claim or outcome takes it).
+    DELETE FROM pgwork.work_moved m
+     WHERE m.work_id IN (SELECT x.work_id FROM pgwork.work_moved x
+                          WHERE EXISTS (SELECT FROM pgwork.work_moved)
+                            AND x.work_id = ANY ((SELECT array_agg(h.work_id) FROM held h)::bigint[])
+                            FOR UPDATE SKIP LOCKED)
 ), judged AS (
     -- Joins, not correlated EXISTS: a flush holds up to a thousand records, and a scan of
     -- `done` per record was quadratic (it halved the burn-down rate).
@@ -182,17 +195,25 @@ SELECT e.id, e.lease
 -- name: release_leases
 -- Clean shutdown: give back rows we hold without counting the attempt (fenced by lease): the
 -- lease row goes (pgwork.lease_end), the record settles that lease number with the attempt
--- uncounted, and the row is ready again at once.
+-- uncounted, and the row is ready again at once, on the channel its reminder names now (an app
+-- may have moved it while it was held).
 WITH released AS (
     SELECT l.work_id, l.lease, l.attempts, l.claimed_at, l.claimed_by
       FROM pgwork.lease_end(%(work_id)s::bigint[], %(lease_no)s::int[]) AS l
 ), settled AS (
     UPDATE pgwork.renewal_work w
        SET lease = r.lease, attempts = r.attempts - 1, available_at = now(),
-           claimed_at = r.claimed_at, claimed_by = r.claimed_by
+           claimed_at = r.claimed_at, claimed_by = r.claimed_by,
+           channel = coalesce((SELECT m.channel FROM pgwork.reminder m WHERE m.id = w.reminder_id), w.channel)
       FROM released r
      WHERE w.id = r.work_id AND w.id = ANY ((SELECT array_agg(r2.work_id) FROM released r2)::bigint[])
     RETURNING w.id, w.channel, w.source, w.available_at, w.due_at
+), unmoved AS (
+    DELETE FROM pgwork.work_moved m
+     WHERE m.work_id IN (SELECT x.work_id FROM pgwork.work_moved x
+                          WHERE EXISTS (SELECT FROM pgwork.work_moved)
+                            AND x.work_id = ANY ((SELECT array_agg(r.work_id) FROM released r)::bigint[])
+                            FOR UPDATE SKIP LOCKED)
 ), requeued AS (
     INSERT INTO pgwork.work_ready (work_id, channel, source, available_at, due_at)
     SELECT s.id, s.channel, s.source, s.available_at, s.due_at FROM settled s
