@@ -259,10 +259,14 @@ async def _wait_for_schema(
     conn: AsyncConnection[Any], stop: anyio.Event, on_wait: Callable[[str], None] | None
 ) -> bool:
     told = ""
+    forgot = False
     while True:
         v = await schema_version(conn)
         if v is None or v > SCHEMA_VERSION:
             await check_schema(conn)  # raises, saying which
+        if v == SCHEMA_VERSION and not forgot:
+            forgot = True
+            await _forget_a_killed_migrate(conn)
         asked_by = await store.migration_pending(conn)
         # Raises when this build's code was replaced there (it is older).
         other = await other_code(conn) if v == SCHEMA_VERSION else None
@@ -286,6 +290,17 @@ async def _wait_for_schema(
             await stop.wait()
         if stop.is_set():
             return False
+
+
+async def _forget_a_killed_migrate(conn: AsyncConnection[Any]) -> None:
+    """A `pgwork migrate` killed mid-run leaves its claim (and request) in the owner's row;
+    nobody obeys it, and the first daemon to start clears it (``migration_forget_stale``). A
+    role without the grant (an older install's) leaves it to the next migrate."""
+    try:
+        if await store.migration_forget_stale(conn):
+            log.info("cleared the claim of a `pgwork migrate` that is gone (killed mid-run)")
+    except psycopg.DatabaseError as e:
+        log.debug("could not clear a gone migrate's claim: %s", e)
 
 
 async def schema_version(conn: AsyncConnection[Any]) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -128,14 +129,22 @@ async def _migrate(
         return await _migrate_asking(
             conn, v, version, steps or {}, by, wait_for_old, step_aside_within, asked=False
         )
-    v = await _claim(conn, by, wait_for_other)
+    # The claim names this session by its pid and its application_name, set to a name of its
+    # own for the run: a killed migrate's pid, taken by another session, is not this claim.
+    session = f"pgwork migrate {secrets.token_hex(4)}"
+    named = await store.migration_session_name(conn, name=session)
     try:
-        return await _migrate_asking(
-            conn, v, version, steps or {}, by, wait_for_old, step_aside_within
-        )
+        v = await _claim(conn, f"{by} (session {session})", wait_for_other)
+        try:
+            return await _migrate_asking(
+                conn, v, version, steps or {}, by, wait_for_old, step_aside_within
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.migration_release(conn)
     finally:
         with anyio.CancelScope(shield=True):
-            await store.migration_release(conn)
+            await store.migration_session_name(conn, name=named)
 
 
 async def _claim(conn: AsyncConnection[Any], by: str, within: float) -> int:

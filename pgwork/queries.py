@@ -106,6 +106,7 @@ CODE = (
     "app_views",
     "series",
     "page",
+    "migrate",
     "roles",
 )
 

@@ -281,6 +281,76 @@ async def test_a_request_left_by_a_killed_migrate_is_not_obeyed(
     assert left == [{"migration_requested_at": None, "migration_requester": None}]
 
 
+@pytest.mark.parametrize("step", ["asked", "in transaction"])
+@pytest.mark.parametrize("cleared_by", ["a daemon's start", "pgwork migrate"])
+async def test_a_killed_migrates_pid_taken_by_another_session_steps_no_daemon_aside(
+    step: str, cleared_by: str, dsn: str, conn: psycopg.AsyncConnection[Any], procs: Any
+) -> None:
+    """Issue 67: a next-version migrate SIGKILLed after asking the daemons to step aside (or
+    inside its transaction) left its request with its session's pid; once an unrelated session
+    got that pid (a wrap of pid_max), the daemon's restart waited for a migration nobody ran,
+    until that session closed, and a no-op `pgwork migrate` did not clear it. The request names
+    its session by pid and application_name now: the daemon starts and delivers at once, and
+    the dead request is gone after the daemon's start, or after the next `pgwork migrate`."""
+    from .processes import next_migrate, session_with_pid
+
+    with Receiver() as receiver:
+        first = procs(dsn, toml(channel=hook(receiver.url)))
+        migrate = next_migrate(dsn)
+        try:
+            query = (
+                "SELECT migration_requester AS pid FROM pgwork.schema_version "
+                "WHERE migration_requested_at IS NOT NULL"
+                if step == "asked"
+                else "SELECT pid FROM pg_stat_activity WHERE query LIKE '%pg_sleep%' "
+                "AND state = 'active' AND pid <> pg_backend_pid()"
+            )
+
+            async def reached() -> bool:
+                return bool(await rows(conn, query))
+
+            await until(reached, timeout=30, what=f"the migrate at its step ({step})")
+            (got,) = await rows(
+                conn, "SELECT migration_requester AS pid FROM pgwork.schema_version"
+            )
+            pid = got["pid"]
+            migrate.send_signal(signal.SIGKILL)
+            migrate.wait(10)
+        finally:
+            migrate.kill()
+            migrate.wait(10)
+        assert first.wait(30) == 75  # it had stepped aside, for the supervisor to restart it
+        await until(lambda: _no_session(conn, pid), what="the killed migrate's session gone")
+        stranger = await session_with_pid(dsn, pid)
+        if stranger is None:
+            pytest.skip("this machine cannot give a new session a chosen pid")
+        try:
+            left = await rows(conn, "SELECT migration_requested_at FROM pgwork.schema_version")
+            assert left[0]["migration_requested_at"] is not None  # it stands, its pid alive
+            if cleared_by == "pgwork migrate":
+                with anyio.fail_after(10):
+                    said = await migration.migrate(conn)
+                assert said == f"pgwork schema already at version {SCHEMA_VERSION}"
+                assert await _request(conn) == (None, None)
+            await add(conn, "after", channel="hook")
+            t = time.monotonic()
+            again = procs(dsn, toml(channel=hook(receiver.url)))
+            await anyio.to_thread.run_sync(receiver.wait_for, 1)
+            assert time.monotonic() - t < 10
+            assert again.proc.poll() is None
+            assert await _request(conn) == (None, None)
+            assert not _errors(again.lines())
+        finally:
+            await stranger.close()
+
+
+async def _request(conn: psycopg.AsyncConnection[Any]) -> tuple[Any, Any]:
+    (got,) = await rows(
+        conn, "SELECT migration_requested_at, migration_requester FROM pgwork.schema_version"
+    )
+    return got["migration_requested_at"], got["migration_requester"]
+
+
 async def _no_session(conn: psycopg.AsyncConnection[Any], pid: int) -> bool:
     got = await rows(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", (pid,))
     return bool(got[0]["n"] == 0)

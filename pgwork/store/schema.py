@@ -139,6 +139,18 @@ async def migration_pending(conn: Conn) -> str | None:
     return got[0]["migration_requested_by"] if got else None
 
 
+async def migration_forget_stale(conn: Conn) -> bool:
+    """Clear a killed migrate's claim and request (its session is gone); True if one was."""
+    got = await _dicts(conn, "migration_forget_stale", {})
+    return bool(got and got[0]["cleared"])
+
+
+async def migration_session_name(conn: Conn, *, name: str) -> str:
+    """Set this session's application_name to ``name``; returns the one it had."""
+    got = await _dicts(conn, "migration_session_name", {"name": name})
+    return str(got[0]["previous"])
+
+
 async def migration_hold_legacy(conn: Conn) -> None:
     await _exec(conn, "migration_hold_legacy")
 

@@ -67,12 +67,13 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE ON pgwork.channel TO pgwork_daemon;
         GRANT SELECT, INSERT, UPDATE, DELETE ON pgwork.renewal_work, pgwork.work_ready, pgwork.work_lease,
               pgwork.attempt, pgwork.retired, pgwork.daemon, pgwork.lane, pgwork.set_aside,
-              pgwork.channel_minute TO pgwork_daemon;
+              pgwork.channel_minute, pgwork.work_moved TO pgwork_daemon;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA pgwork TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_page TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.claim_lanes, pgwork.claim_rows, pgwork.lease_end, pgwork.lease_extend
            TO pgwork_daemon;
         GRANT EXECUTE ON FUNCTION pgwork.materialise_series TO pgwork_daemon;
+        GRANT EXECUTE ON FUNCTION pgwork.migration_forget_stale() TO pgwork_daemon;
         BEGIN
             -- The xmin-horizon gauge reads other sessions' backend_xmin.
             GRANT pg_read_all_stats TO pgwork_daemon;

@@ -81,7 +81,10 @@ RETURNING id
 UPDATE pgwork.daemon SET heartbeat_at = now(), listener_up = %(listener_up)s WHERE id = %(id)s
 RETURNING (SELECT s.migration_requested_by FROM pgwork.schema_version s
              WHERE s.migration_requested_at IS NOT NULL
-               AND EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = s.migration_requester))
+               AND EXISTS (SELECT FROM pg_stat_activity a
+                            WHERE a.pid = s.migration_requester
+                              AND right(s.migration_requested_by, length(a.application_name) + 10)
+                        = '(session ' || a.application_name || ')'))
           AS migration_requested_by
 
 -- name: daemon_unregister
@@ -131,11 +134,16 @@ WITH live AS MATERIALIZED (
       FROM live v
      WHERE w.id = v.work_id AND v.moved_to IS NOT NULL
 ), moved_lease AS (
-    -- A lease in flight finishes; its expiry is reclaimed on the new channel.
+    -- A lease in flight finishes; its expiry is reclaimed on the new channel ...
     UPDATE pgwork.work_lease l
        SET channel = v.moved_to
       FROM live v
      WHERE l.work_id = v.work_id AND v.held AND v.moved_to IS NOT NULL
+), unmoved AS (
+    -- ... which its note in pgwork.work_moved said; the note goes.
+    DELETE FROM pgwork.work_moved m
+     USING live v
+     WHERE m.work_id = v.work_id
 ), unready AS (
     -- Ready rows leave this channel: moved ones to their new channel's queue (below), the rest
     -- with their record cancelled.

@@ -65,12 +65,26 @@ SELECT pg_advisory_unlock(hashtext('pgwork.migration_request'))
 -- version read here, under the row's lock, is the one it migrates from; no row returned: another
 -- migrate holds it (migration_holder names it). Autocommit: the wait for another migrate is the
 -- caller's pause between two claims, never a statement holding a snapshot.
+-- Its session is named by its pid and by the application_name it set, which its name in the
+-- row ends with ("host/pid (session pgwork migrate 5f2c…)"; pg_stat_activity shows both to every
+-- role): a pid alone was trusted after the migrate was killed, when a new unrelated session got
+-- that pid (a wrap of pid_max), and daemons stepped aside for nobody. A claim whose session is
+-- gone is taken over (which clears its request).
 UPDATE pgwork.schema_version s
    SET migration_requester = pg_backend_pid(), migration_requested_by = %(by)s,
        migration_requested_at = NULL
  WHERE s.migration_requester IS NULL OR s.migration_requester = pg_backend_pid()
-    OR NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = s.migration_requester)
+    OR NOT EXISTS (SELECT FROM pg_stat_activity a
+                    WHERE a.pid = s.migration_requester
+                      AND right(s.migration_requested_by, length(a.application_name) + 10)
+                        = '(session ' || a.application_name || ')')
 RETURNING s.version
+
+-- name: migration_session_name
+-- Name this session (its application_name, for the rest of the session); returns the name it
+-- had. A migrate's claim names its session so (see migration_claim).
+SELECT p.previous, set_config('application_name', %(name)s, false) AS now
+  FROM (SELECT current_setting('application_name') AS previous) AS p
 
 -- name: migration_holder
 -- Who holds the schema's row now (the migrate a second one waits for).
@@ -96,11 +110,20 @@ UPDATE pgwork.schema_version
 
 -- name: migration_pending
 -- Who asks the daemons to step aside now: a request in the owner's row whose migrate's session
--- is alive (NULL: nobody; a schema before 22, whose row has no request: nobody).
+-- is alive, by its pid and its application_name (see migration_claim; NULL: nobody; a schema
+-- before 22, whose row has no request: nobody).
 SELECT j->>'migration_requested_by' AS migration_requested_by
   FROM (SELECT to_jsonb(s) AS j FROM pgwork.schema_version s) AS v
  WHERE j->>'migration_requested_at' IS NOT NULL
-   AND EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = (j->>'migration_requester')::int)
+   AND EXISTS (SELECT FROM pg_stat_activity a
+                WHERE a.pid = (j->>'migration_requester')::int
+                  AND right(j->>'migration_requested_by', length(a.application_name) + 10)
+                      = '(session ' || a.application_name || ')')
+
+-- name: migration_forget_stale
+-- A claim (and request) left by a migrate that is gone: cleared by a daemon as it starts
+-- (pgwork.migration_forget_stale, which writes the owner's row for that alone). True: one was.
+SELECT pgwork.migration_forget_stale() AS cleared
 
 -- name: migrate_lock_apps_tables
 -- Before steps that change the apps' tables themselves (schemas before 12): every table an
