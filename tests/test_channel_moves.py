@@ -406,3 +406,28 @@ async def test_a_send_moved_while_in_flight_goes_to_its_new_channel_when_its_dae
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_dead_letter_whose_reminder_moved_is_redriven_on_its_new_channel(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Found by the nemesis on dfd1b96: a send went dead on ``test``, the app moved its reminder
+    to ``log``, the operator redrove it: it went back to ``test``'s queue (sent there, against
+    the move, or never, with nobody serving ``test``). A redrive now queues it on the channel
+    its reminder names."""
+    from .helpers import add, materialise, sync_queue
+
+    await add(conn, "moved", "now() - interval '1 minute'")
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), "
+        "dead_reason = 'permanent failure' WHERE business_key = 'moved'"
+    )
+    await sync_queue(conn)
+    await conn.execute("UPDATE pgwork.reminder SET channel = 'log' WHERE business_key = 'moved'")
+    got = await store.dlq_redrive(conn, all=True, ids=[], channel=None, operator="t")
+    assert [g.verdict for g in got] == ["ok"]
+    queued = await rows(conn, "SELECT channel FROM pgwork.work_ready")
+    record = await rows(conn, "SELECT status, channel FROM pgwork.renewal_work")
+    assert queued == [{"channel": "log"}]
+    assert record == [{"status": "ready", "channel": "log"}]

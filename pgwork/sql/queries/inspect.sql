@@ -104,9 +104,11 @@ SELECT t.deadline, t.deadline_local, t.occurrence, t.status, t.operation_id, t.f
 -- Give dead rows a fresh attempt budget, same operation id: the ids given, or all (optionally of
 -- one channel, one source, dead within the last `since`, with a dead_reason LIKE the pattern). Rows whose reminder was deleted or
 -- moved since are not redriven (the caller reports them): that would resurrect a cancelled send.
+-- A row goes to the channel its reminder names now (an app may have moved it since it went dead).
 WITH target AS (
     SELECT w.id,
-           coalesce(pgwork.work_unwanted(w, r), 'ok') AS verdict
+           coalesce(pgwork.work_unwanted(w, r), 'ok') AS verdict,
+           coalesce(r.channel, w.channel) AS channel
       FROM pgwork.renewal_work w
       LEFT JOIN pgwork.reminder r ON r.id = w.reminder_id
      WHERE w.status = 'dead'
@@ -119,7 +121,7 @@ WITH target AS (
 ), redriven AS (
     UPDATE pgwork.renewal_work w
        SET status = 'ready', available_at = now(), attempts_base = w.attempts, finished_at = NULL,
-           dead_reason = NULL, redriven_at = now(), redriven_by = %(operator)s
+           dead_reason = NULL, redriven_at = now(), redriven_by = %(operator)s, channel = t.channel
       FROM target t
      WHERE w.id = t.id AND t.verdict = 'ok'
     RETURNING w.id, w.channel, w.source, w.available_at, w.due_at
