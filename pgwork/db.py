@@ -188,6 +188,9 @@ async def probe(dsn: str, timeout: float, pooled: bool = False) -> None:
 _REFUSED_FOR_GOOD = re.compile(
     r'FATAL:\s+(database ".*" does not exist|role ".*" does not exist'
     r"|password authentication failed|no pg_hba\.conf entry|.* authentication failed)"
+    # libpq's own: the server asks for a password and none was given (not in the DSN, no
+    # PGPASSWORD, no readable .pgpass): an env file without it, a .pgpass the user cannot read.
+    r"|fe_sendauth: no password supplied"
     # libpq's own: the DSN asks for TLS the server does not offer, or cannot verify.
     r"|server does not support SSL, but SSL was required"
     r'|root certificate file ".*" does not exist'
@@ -198,6 +201,18 @@ _REFUSED_FOR_GOOD = re.compile(
 def refused_for_good(e: psycopg.OperationalError) -> bool:
     """The server refused the connection for a reason a retry will not change."""
     return bool(_REFUSED_FOR_GOOD.search(str(e)))
+
+
+def refusal(e: psycopg.Error) -> str:
+    """A connection error's first line, redacted, with what to look at when libpq had no
+    password to give."""
+    text = redact(str(e)).strip().splitlines()[0]
+    if "no password supplied" in text:
+        text += (
+            " (the server asks for a password and none was given: not in PGWORK_DSN, nor in "
+            "PGPASSWORD, nor in a .pgpass this user can read; check the service's env file)"
+        )
+    return text
 
 
 async def wait_until_reachable(

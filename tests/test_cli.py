@@ -323,6 +323,47 @@ def test_run_fails_fast_when_the_database_says_no_for_good(dsn: str, part: str, 
     assert last.startswith("pgwork: ") and f'{said} "nosuch" does not exist' in last, last
 
 
+@pytest.fixture
+def password_server(tmp_path: Path) -> Any:
+    """A server of its own that asks role ``app`` for its password (scram-sha-256), with the
+    pgwork schema; yields a DSN for ``app`` without a password."""
+    from pgwork.embedded import LocalServer
+
+    root = tmp_path / "pw"
+    root.mkdir()
+    root.chmod(0o755)
+    hba = root / "pg_hba.conf"
+    hba.write_text(
+        "host all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+    )
+    hba.chmod(0o644)
+    server = LocalServer(root / "data", settings={"hba_file": str(hba), "fsync": "off"})
+    try:
+        server.start()
+        with psycopg.connect(server.dsn(), autocommit=True) as c:
+            c.execute("CREATE ROLE app LOGIN PASSWORD 'secret' SUPERUSER")
+        yield psycopg.conninfo.make_conninfo(server.dsn(), user="app")
+    finally:
+        server.destroy()
+
+
+@pytest.mark.parametrize("cmd", [["run"], ["status"]])
+def test_a_missing_password_fails_fast_and_says_where_it_should_come_from(
+    password_server: str, cmd: list[str], tmp_path: Path
+) -> None:
+    """Issue 68: a DSN without the password the server asks for (an env file without it, a
+    .pgpass the service's user cannot read) made `pgwork run` retry for ever as "database
+    unreachable" (under systemd: until TimeoutStartSec), while `pgwork status` exited 3 at
+    once. The server's answer will not change: both exit 3 with one line that says where a
+    password comes from."""
+    r = pgwork(*cmd, dsn=password_server, env={"PGPASSFILE": str(tmp_path / "none")})
+    assert r.returncode == 3, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("pgwork: ") and "no password supplied" in last, last
+    assert "PGPASSWORD" in last and ".pgpass" in last, last
+    assert "retrying" not in r.stderr
+
+
 @pytest.mark.parametrize("mode", ["require", "verify-full"])
 def test_run_fails_fast_when_tls_is_required_of_a_server_without_it(dsn: str, mode: str) -> None:
     """`sslmode=require` (the shipped env file says verify-full) against a server without TLS:

@@ -104,8 +104,7 @@ def with_conn(
             conn = await db.connect(dsn, timeout=5, pooled=pooled)
         except psycopg.OperationalError as e:
             raise CliError(
-                f"cannot connect to the database ({db.describe(dsn)}): "
-                f"{db.redact(str(e)).strip().splitlines()[0]}",
+                f"cannot connect to the database ({db.describe(dsn)}): {db.refusal(e)}",
                 3,
             ) from None
         try:

@@ -246,7 +246,7 @@ def _explain(e: BaseException) -> tuple[str, int] | None:
     if isinstance(e, EmbeddedError):
         return f"embedded postgres: {e}", 3
     if isinstance(e, psycopg.Error):
-        return f"database error: {db.redact(str(e)).strip().splitlines()[0]}", 3
+        return f"database error: {db.refusal(e)}", 3
     return None
 
 
