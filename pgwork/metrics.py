@@ -198,7 +198,9 @@ class Metrics:
         self.materialised = counter("pgwork_materialised_rows", "Work rows materialised.")
         self.materialiser_cutoff = gauge(
             "pgwork_materialiser_cutoff_timestamp_seconds",
-            "Cutoff of this daemon's last complete materialiser pass (Unix time).",
+            "The materialiser's recorded cutoff after this daemon's last pass (Unix time): "
+            "every occurrence firing at or before it has its work row; held back by a reminder "
+            "set aside or skipped.",
         )
         self.materialiser_pass = histogram(
             "pgwork_materialiser_pass_seconds",

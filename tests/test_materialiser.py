@@ -538,3 +538,35 @@ def test_turns_by_source_make_every_due_reminder_once_whatever_the_mix(
             assert dup == []
 
     anyio.run(main)
+
+
+async def test_the_exported_cutoff_is_the_recorded_one_and_ages_while_a_reminder_is_set_aside(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 68, item 2: while a reminder was set aside, `status` showed the recorded cutoff
+    frozen and ageing, but pgwork_materialiser_cutoff_timestamp_seconds exported each pass's own
+    cutoff (now plus the look-ahead), so PgworkMaterialiserStale, which the runbook says fires
+    here, could not. The daemon exports the recorded cutoff: it stays put pass after pass."""
+    from .helpers import add_in_an_unknown_zone, config, running, until
+
+    await add_in_an_unknown_zone(conn)
+    cfg = config(tick=0.2, metrics_enabled=True, metrics_listen="127.0.0.1:0")
+    async with running(cfg, dsn) as d:
+
+        def exported() -> float | None:
+            return d.metrics.registry.get_sample_value(
+                "pgwork_materialiser_cutoff_timestamp_seconds"
+            )
+
+        async def set_aside() -> bool:
+            return bool(await rows(conn, "SELECT 1 FROM pgwork.set_aside"))
+
+        await until(set_aside, what="the reminder set aside")
+        await anyio.sleep(0.5)  # passes after it
+        first = exported()
+        await anyio.sleep(1.0)  # five more passes at the tick
+        (state,) = await rows(conn, "SELECT last_cutoff FROM pgwork.materialiser_state")
+        (now,) = await rows(conn, "SELECT now() AS t")
+    assert first is not None and exported() == first
+    assert first == state["last_cutoff"].timestamp()
+    assert first < now["t"].timestamp() - 60  # held short of its occurrence, a minute ago

@@ -187,6 +187,9 @@ class PassResult:
     set_aside: int = 0
     #: The pass spent its time budget with more due: the next goes on at once.
     cut_short: bool = False
+    #: The cutoff recorded as the materialiser's evidence (every occurrence firing at or before
+    #: it has its work row): short of ``cutoff`` while a reminder is skipped or set aside.
+    recorded: datetime | None = None
 
     @property
     def left_locked(self) -> bool:
@@ -358,7 +361,7 @@ async def run_once(
                 "skipped reminders locked by another transaction; the next pass takes them",
                 extra={"reminder_id": nxt.id, "fires_at": nxt.at.isoformat()},
             )
-    await store.materialise_record_pass(
+    recorded = await store.materialise_record_pass(
         conn, cutoff=complete_to, made=made, duration_ms=duration * 1000
     )
     if aside is not None and aside.reported:
@@ -390,6 +393,7 @@ async def run_once(
         unfinished,
         set_aside,
         cut_short,
+        recorded,
     )
 
 
@@ -515,7 +519,9 @@ class Materialiser:
         m.materialiser_set_aside.set(len(self.aside.ids(time.monotonic())))
         m.materialised.inc(res.made)
         m.catch_up_skipped.inc(res.caught_up)
-        m.materialiser_cutoff.set(res.cutoff.timestamp())
+        # The evidence, as recorded (and as `pgwork status` shows it), not this pass's own
+        # cutoff: a reminder set aside holds it back, and PgworkMaterialiserStale fires.
+        m.materialiser_cutoff.set((res.recorded or res.cutoff).timestamp())
         m.materialiser_pass.observe(res.duration)
         if res.unfinished:
             # A series made its share of a page and has more before the cutoff: go on at once

@@ -196,12 +196,14 @@ async def next_due_reminder(
 
 async def materialise_record_pass(
     conn: Conn, *, cutoff: datetime, made: int, duration_ms: float
-) -> None:
-    await _exec(
+) -> datetime | None:
+    """Record a pass's evidence; returns the cutoff recorded (None: no state row)."""
+    got = await _dicts(
         conn,
         "materialise_record_pass",
         {"cutoff": cutoff, "made": made, "duration_ms": duration_ms},
     )
+    return got[0]["last_cutoff"] if got else None
 
 
 @dataclass(frozen=True)

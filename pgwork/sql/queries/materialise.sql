@@ -78,6 +78,8 @@ SELECT set_config('synchronous_commit', 'on', true)
 -- passes less than the pass's cutoff when reminders locked by apps were skipped). Committed
 -- without waiting for the WAL flush (one statement, its own transaction): a record lost in a
 -- crash is written again by the next pass.
+-- Returns the cutoff recorded (the greatest of every pass's evidence): what status shows and
+-- the daemon exports, which stays put and ages while a reminder set aside holds it back.
 UPDATE pgwork.materialiser_state
    SET last_cutoff = greatest(last_cutoff, %(cutoff)s),
        last_pass_at = now(),
@@ -85,6 +87,7 @@ UPDATE pgwork.materialiser_state
        last_duration_ms = %(duration_ms)s,
        total_inserted = total_inserted + %(made)s
   FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+RETURNING last_cutoff
 
 -- name: next_fire_at
 -- The earliest occurrence not yet materialised of a reminder not set aside, and how far it is
