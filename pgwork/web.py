@@ -32,7 +32,7 @@ from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import build, chart, store
+from . import build, chart, jsontext, store
 from .channels import KINDS
 from .config import CHANNEL_NAME, Config, ConfigError, listen_ports
 from .durations import interval_text, parse_duration
@@ -659,9 +659,7 @@ class WebApp:
             ),
             (
                 "payload",
-                f"<code>{_e(json.dumps(w['payload'], ensure_ascii=False))}</code>"
-                if self.redact == "none"
-                else "(redacted)",
+                f"<code>{_e(w['payload'])}</code>" if self.redact == "none" else "(redacted)",
             ),
         ]
         action = (
@@ -726,7 +724,7 @@ class WebApp:
             )
         if self._param(request, "format") == "json":
             return web.Response(
-                text=json.dumps(self._redacted(h), default=_json_value),
+                text=jsontext.dumps(self._redacted(h), default=_json_value),
                 content_type="application/json",
                 status=200 if h.known else 404,
             )
@@ -776,6 +774,12 @@ class WebApp:
                         ),
                         ("recur", _e(r["recur"])),
                         ("paused", "yes" if r["paused"] else "no"),
+                        (
+                            "payload",
+                            f"<code>{_e(r['payload'])}</code>"
+                            if self.redact == "none"
+                            else "(redacted)",
+                        ),
                     ]
                 )
                 + "</table><h2>"

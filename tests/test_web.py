@@ -908,3 +908,45 @@ async def test_an_outcome_counted_while_its_minute_is_written_is_written_next_ti
         await trends.write()
     (got,) = await rows(conn, "SELECT sum(delivered)::int AS n FROM pgwork.channel_minute")
     assert got == {"n": 3}
+
+
+#: A payload whose number is not a Python float's (issue 68, item 3), as jsonb writes it.
+EXACT = '{"n": 0.1000000000000000055511151231257827, "ok": true}'
+
+
+async def test_a_payload_is_shown_as_stored_by_every_command_and_page(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 68, item 3: a payload stored and delivered verbatim was shown rounded or as
+    Python: `dlq show` printed {'n': 0.1, 'ok': True}, its --json and the web page 0.1. Every
+    view now shows the stored JSON text, byte for byte."""
+    import json
+
+    from .test_cli import pgwork
+
+    await add(conn, "exact", "now() - interval '1 minute'", payload=EXACT)
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), dead_reason = 'x'"
+    )
+    await sync_queue(conn)
+    (w,) = await rows(conn, "SELECT id FROM pgwork.renewal_work")
+    shown = await anyio.to_thread.run_sync(lambda: pgwork("dlq", "show", str(w["id"]), dsn=dsn))
+    assert f"payload: {EXACT}" in shown.stdout, shown.stdout
+    as_json = await anyio.to_thread.run_sync(
+        lambda: pgwork("dlq", "show", str(w["id"]), "--json", dsn=dsn)
+    )
+    assert f'"payload": {EXACT}' in as_json.stdout, as_json.stdout
+    assert json.loads(as_json.stdout)["work"]["payload"] == json.loads(EXACT)
+    reminder = await anyio.to_thread.run_sync(
+        lambda: pgwork("reminder", "test", "exact", "--json", dsn=dsn)
+    )
+    assert f'"payload": {EXACT}' in reminder.stdout, reminder.stdout
+    async with _serving(dsn) as url, _client() as s:
+        _, page = await _get(s, f"{url}/work/{w['id']}")
+        query = {"source": "test", "key": "exact"}
+        _, html = await _get(s, f"{url}/reminder?" + urlencode(query))
+        _, doc = await _get(s, f"{url}/reminder?" + urlencode({**query, "format": "json"}))
+    assert EXACT.replace('"', "&quot;") in page, page
+    assert EXACT.replace('"', "&quot;") in html, html
+    assert f'"payload": {EXACT}' in doc, doc

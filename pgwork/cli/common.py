@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import logging
 import os
 import socket
@@ -18,7 +17,7 @@ from typing import Any, NoReturn
 import anyio
 import psycopg
 
-from .. import db, logs, migration, store
+from .. import db, jsontext, logs, migration, store
 from ..config import ChannelConfig, Config, ConfigError
 from ..durations import interval_text, parse_duration
 from ..embedded import LocalServer
@@ -161,7 +160,8 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def to_json(v: Any) -> str:
-    return json.dumps(v, default=fmt, indent=2)
+    """A command's JSON: a payload as it is stored (``JsonText``), the rest as ``fmt`` says."""
+    return jsontext.dumps(v, default=fmt, indent=2)
 
 
 #: The status command counts the retention backlog up to this many rows.

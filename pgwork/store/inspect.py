@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from ..jsontext import JsonText
 from ._bind import Conn, _dicts, _rows, _value
 
 
@@ -45,8 +46,15 @@ async def dlq_list(
 
 
 async def work_get(conn: Conn, *, id: int) -> list[dict[str, Any]]:
-    """Every column of one work row and its reminder, for ``pgwork dlq show``."""
-    return await _dicts(conn, "work_get", {"id": id})
+    """Every column of one work row and its reminder, for ``pgwork dlq show``; the payload as
+    its stored text (``JsonText``)."""
+    return [_payload_as_text(r) for r in await _dicts(conn, "work_get", {"id": id})]
+
+
+def _payload_as_text(row: dict[str, Any]) -> dict[str, Any]:
+    if row.get("payload") is not None:
+        row["payload"] = JsonText(row["payload"])
+    return row
 
 
 async def work_attempts(conn: Conn, *, id: int) -> list[dict[str, Any]]:
@@ -176,7 +184,7 @@ async def retrying(conn: Conn, *, channel: str | None, limit: int) -> list[dict[
 async def history_reminder(conn: Conn, *, source: str, business_key: str) -> dict[str, Any] | None:
     """The reminder as stored, or None (``pgwork reminder``)."""
     got = await _dicts(conn, "history_reminder", {"source": source, "business_key": business_key})
-    return got[0] if got else None
+    return _payload_as_text(got[0]) if got else None
 
 
 async def history_upcoming(conn: Conn, *, source: str, business_key: str) -> list[dict[str, Any]]:

@@ -16,7 +16,9 @@ SELECT w.id, w.source, w.business_key, w.channel, w.deadline, w.occurrence, w.du
 
 -- name: work_get
 -- A work row as it stands (pgwork.work_now: claimed while a lease row holds it).
-SELECT n.*, r.id IS NOT NULL AS reminder_exists, r.due_at AS reminder_due_at, r.recipient, r.payload
+-- The payload as the text the receiver gets (never through a client's numbers).
+SELECT n.*, r.id IS NOT NULL AS reminder_exists, r.due_at AS reminder_due_at, r.recipient,
+       r.payload::text AS payload
   FROM pgwork.renewal_work w
   LEFT JOIN pgwork.work_lease l ON l.work_id = w.id
  CROSS JOIN LATERAL pgwork.work_now(w, l) AS n
@@ -33,7 +35,8 @@ SELECT lease, attempt, outcome, retry_at, daemon_id, host, pid, started_at, fini
 -- name: history_reminder
 -- What happened to a reminder (pgwork reminder, the web page's /reminder): the reminder as stored.
 SELECT r.id, r.source, r.business_key, r.channel, r.recipient, r.due_at, r.due_local, r.due_tz,
-       r.remind_before, r.recur, r.recur_until, r.recur_skip, r.paused, r.created_at, r.payload
+       r.remind_before, r.recur, r.recur_until, r.recur_skip, r.paused, r.created_at,
+       r.payload::text AS payload
   FROM pgwork.reminder r
  WHERE r.source = %(source)s AND r.business_key = %(business_key)s
 
