@@ -355,7 +355,7 @@ def parse_rate(option: str, raw: Any) -> float:
     return rate
 
 
-def _check_listen(option: str, value: str) -> None:
+def check_listen(option: str, value: str) -> None:
     if listen_ports(value) is None:
         raise ConfigError(
             f"{option}: expected HOST:PORT with a port from 1 to 65535, HOST:0 (any free port) or "
@@ -365,7 +365,7 @@ def _check_listen(option: str, value: str) -> None:
 
 def _check(option: str, value: Any) -> None:
     if option in ("metrics.listen", "web.listen"):
-        _check_listen(option, value)
+        check_listen(option, value)
     if option == "web.token" and (len(value) < 16 or value != value.strip()):
         raise ConfigError(
             "web.token: at least 16 characters with no surrounding spaces (set it with "

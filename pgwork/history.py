@@ -74,9 +74,9 @@ class History:
         since, again = (
             a[k].isoformat(sep=" ", timespec="seconds") for k in ("since", "next_try_at")
         )
+        tries = f"{a['tries']} {'try' if a['tries'] == 1 else 'tries'}"
         return (
-            f"set aside by {a['daemon_id']} since {since} ({a['tries']} tries; tried again at "
-            f"{again}): {a['error']}"
+            f"set aside by {a['daemon_id']} since {since} ({tries}; next try {again}): {a['error']}"
         )
 
     @property
@@ -95,6 +95,12 @@ class History:
             "occurrences": self.occurrences,
             "retired": self.retired,
         }
+
+
+def attempts_text(attempts: int, base: int) -> str:
+    """A row's attempts as every view says them: all of them, and those since its last redrive
+    (which gave it a fresh budget) when it was redriven: ``3 (1 since its redrive)``."""
+    return f"{attempts} ({attempts - base} since its redrive)" if base else str(attempts)
 
 
 def took_ms(took: timedelta | None) -> str | None:

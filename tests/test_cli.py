@@ -1076,9 +1076,13 @@ async def test_lag_is_told_per_source_and_max_lag_can_judge_one_source(
     assert pgwork("status", "--max-lag", "10s", "--source", "crm", dsn=dsn).returncode == 1
     r = pgwork("status", "--max-lag", "5m", "--source", "crm", "--source", "billing", dsn=dsn)
     assert r.returncode == 1 and "source billing" in r.stderr
-    # A source with nothing due is on time, whether or not it has reminders.
+    # A source with nothing due is on time.
     assert pgwork("status", "--max-lag", "1s", "--source", "quiet", dsn=dsn).returncode == 0
-    assert pgwork("status", "--max-lag", "1s", "--source", "nosuch", dsn=dsn).returncode == 0
+    # Issue 68, item 6: a source with no reminder at all (a misspelt name) exited 0, a health
+    # check green for ever. It is the check's error now, naming the source.
+    r = pgwork("status", "--max-lag", "5m", "--source", "crm", "--source", "nosuch", dsn=dsn)
+    assert r.returncode == 2, r.stderr
+    assert "--source nosuch: no reminder has this source" in r.stderr, r.stderr
 
 
 async def test_status_and_the_overview_name_a_reminder_set_aside_until_it_is_made(

@@ -256,6 +256,12 @@ async def _get(s: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         return r.status, await r.text()
 
 
+def _digest(html: str) -> str:
+    m = re.search(r'name="digest" value="([0-9a-f]+)"', html)
+    assert m, html
+    return m.group(1)
+
+
 def _csrf(html: str) -> str:
     m = re.search(r'name="csrf" value="([^"]+)"', html)
     assert m, html
@@ -483,6 +489,35 @@ async def test_sign_in_never_redirects_to_another_site(
         assert r.headers["Location"] == "/dead?channel=hook"
 
 
+async def test_sign_in_comes_back_to_its_page_and_a_wrong_token_gets_a_page(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 68, item 11: signing in from a page came back to the overview (a browser that sent
+    no Referer), and a wrong token was a bare text 403. The sign-in form says where it was (its
+    own ``next``, this host's only), and a refusal is a page that says why, with the form."""
+    async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
+        _, page = await _get(s, f"{url}/dead?channel=hook")
+        assert 'name="next" value="/dead?channel=hook"' in page, page
+        form = {"csrf": _csrf(page), "token": TOKEN}
+        for nxt, back in (
+            ("/dead?channel=hook", "/dead?channel=hook"),
+            ("http://evil.example/phish", "/"),
+            ("//evil.example/phish", "/"),
+        ):
+            async with s.post(
+                f"{url}/login", data={**form, "next": nxt}, allow_redirects=False
+            ) as r:
+                assert r.status == 303 and r.headers["Location"] == back, (nxt, r.headers)
+    async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
+        _, page = await _get(s, f"{url}/")
+        async with s.post(
+            f"{url}/login", data={"csrf": _csrf(page), "token": "wrong", "next": "/"}
+        ) as r:
+            said = await r.text()
+            assert r.status == 403 and r.content_type == "text/html", said
+        assert "wrong token: not signed in" in said and 'action="/login"' in said, said
+
+
 async def test_a_sign_in_expires_and_sign_out_revokes_it(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -490,13 +525,13 @@ async def test_a_sign_in_expires_and_sign_out_revokes_it(
     dead = ids["lease:2"]
     async with _serving(dsn, web_token=TOKEN) as url, _client() as s:
         csrf, r = await _signed_in(s, url)
-        cookie = r.cookies[web.AUTH_COOKIE]
+        cookie = r.cookies[web.auth.AUTH_COOKIE]
         assert 0 < int(cookie["max-age"]) <= 24 * 3600  # it expires
         stolen = cookie.value
         async with s.post(f"{url}/logout", data={"csrf": csrf}) as r:
             assert r.status == 200
         # The old cookie (copied before the sign-out) no longer signs anyone in.
-        s.cookie_jar.update_cookies({web.AUTH_COOKIE: stolen})
+        s.cookie_jar.update_cookies({web.auth.AUTH_COOKIE: stolen})
         async with s.post(f"{url}/work/{dead}/redrive", data={"csrf": csrf}) as r:
             assert r.status == 403 and "sign in" in await r.text()
         # Nor does another browser's sign-in: each is its own.
@@ -520,7 +555,7 @@ async def test_a_csrf_cookie_planted_from_another_port_or_a_null_origin_is_refus
             f"{url}/work/{dead}/redrive", data={"csrf": csrf}, headers={"Origin": "null"}
         ) as r:
             assert r.status == 403
-        s.cookie_jar.update_cookies({web.CSRF_COOKIE: "planted-by-another-port"})
+        s.cookie_jar.update_cookies({web.auth.CSRF_COOKIE: "planted-by-another-port"})
         async with s.post(
             f"{url}/work/{dead}/redrive", data={"csrf": "planted-by-another-port"}
         ) as r:
@@ -737,16 +772,32 @@ async def test_a_filtered_bulk_redrive_asks_first_and_leaves_an_audit_line(
             html = await r.text()
             assert r.status == 200 and "2 dead letters match" in html, html
             assert 'name="confirm" value="2"' in html
+        asked = {**form, "confirm": "2", "digest": _digest(html)}
         assert set((await statuses()).values()) == {"dead"}  # nothing before the confirmation
-        async with s.post(f"{url}/dead/redrive", data={**form, "confirm": "5"}) as r:
+        async with s.post(f"{url}/dead/redrive", data={**asked, "confirm": "5"}) as r:
             assert r.status == 409 and "2 dead letters match" in await r.text()
+        # Issue 68, item 12: another set of the same size was redriven without asking again.
+        await conn.execute(
+            "UPDATE pgwork.renewal_work SET dead_reason = CASE business_key WHEN 'b' "
+            "THEN 'HTTP 500 boom' WHEN 'c' THEN 'permanent failure: HTTP 400' "
+            "ELSE dead_reason END"
+        )
+        async with s.post(f"{url}/dead/redrive", data=asked) as r:
+            html = await r.text()
+            assert r.status == 409 and "changed since you were asked" in html, html
         assert set((await statuses()).values()) == {"dead"}
+        asked["digest"] = _digest(html)
         with caplog.at_level("INFO", logger="pgwork"):
-            async with s.post(
-                f"{url}/dead/redrive", data={**form, "confirm": "2"}, allow_redirects=False
-            ) as r:
+            async with s.post(f"{url}/dead/redrive", data=asked, allow_redirects=False) as r:
                 assert r.status == 303, await r.text()
-    assert await statuses() == {"a": "ready", "b": "ready", "c": "dead", "d": "dead"}
+                done = r.headers["Location"]
+        # Issue 68, item 8: it comes back to the list saying what it did.
+        _, html = await _get(s, url + done)
+        assert "2 dead letters redriven" in html, html
+        # ... and the same confirmed form, sent again, asks again (nothing matches now).
+        async with s.post(f"{url}/dead/redrive", data=asked) as r:
+            assert r.status == 409 and "0 dead letters match" in await r.text()
+    assert await statuses() == {"a": "ready", "b": "dead", "c": "ready", "d": "dead"}
     (line,) = [r for r in caplog.records if "bulk redrive" in r.getMessage()]
     assert "2 redriven" in line.getMessage() and line.__dict__["actor"] == "web@127.0.0.1"
     got = await rows(
@@ -950,3 +1001,43 @@ async def test_a_payload_is_shown_as_stored_by_every_command_and_page(
     assert EXACT.replace('"', "&quot;") in page, page
     assert EXACT.replace('"', "&quot;") in html, html
     assert f'"payload": {EXACT}' in doc, doc
+
+
+async def test_the_pages_name_each_rows_state_and_say_when_a_list_is_empty(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 68, items 4, 5, 7 and 8, over HTTP (tests/test_web_views.py has each alone): the
+    overview's "waiting" linked to the ready list and the channel page called a row not yet due
+    "ready"; a redriven dead letter's attempts read 1 here and 2 in `dlq list`; a paused
+    channel's retry read "next try … ago"; an empty list was a table of headings alone."""
+    await add(conn, "later", "now() + interval '1 hour'")
+    await add(conn, "failed", "now() - interval '1 minute'")
+    await add(conn, "twice", "now() - interval '1 minute'", channel="log")
+    await materialise(dsn, lookahead=3600)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET attempts = 1, lease = 1, last_error = 'HTTP 500', "
+        "available_at = now() - interval '35 seconds' WHERE business_key = 'failed'"
+    )
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), dead_reason = 'x', "
+        "attempts = 2, lease = 2, attempts_base = 1, redriven_at = now() "
+        "WHERE business_key = 'twice'"
+    )
+    await sync_queue(conn)
+    await conn.execute("UPDATE pgwork.work_ready SET available_at = now() - interval '35 seconds' "
+                       "WHERE work_id = (SELECT id FROM pgwork.renewal_work "
+                       "WHERE business_key = 'failed')")  # fmt: skip
+    await conn.execute("SELECT pgwork.pause_channel('test', 'receiver upgrade', 'ops')")
+    async with _serving(dsn) as url, _client() as s:
+        _, overview = await _get(s, f"{url}/?refresh=0")
+        _, channel = await _get(s, f"{url}/channel/test")
+        _, retrying = await _get(s, f"{url}/retrying")
+        _, dead = await _get(s, f"{url}/dead")
+        _, none = await _get(s, f"{url}/dead?source=nosuch")
+        _, quiet = await _get(s, f"{url}/retrying?channel=log")
+    assert 'href="/channel/test?status=waiting">1</a>' in overview, overview
+    assert "ready, not yet due" in channel, channel
+    assert "PAUSED" in retrying and "receiver upgrade" in retrying and " ago)" not in retrying
+    assert "2 (1 since its redrive)" in dead, dead
+    assert "No dead letters match." in none and "<tbody></tbody>" not in none
+    assert "Nothing waits for a retry on log." in quiet and "<tbody></tbody>" not in quiet

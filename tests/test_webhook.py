@@ -164,6 +164,21 @@ async def test_4xx_dead_letters_with_reason_then_redrive_delivers_once(
     ]
 
 
+@pytest.mark.parametrize(("body", "said"), [(b"", "HTTP 400"), (b"  \n", "HTTP 400"),
+                                            (b"no", "HTTP 400: no")])  # fmt: skip
+async def test_an_answer_without_a_body_is_said_without_a_dangling_colon(
+    dsn: str, conn: psycopg.AsyncConnection[Any], body: bytes, said: str
+) -> None:
+    """Issue 68, item 11: a 400 with no body was recorded as "HTTP 400: "."""
+    with Receiver(lambda r: Answer(status=400, body=body)) as receiver:
+        await add(conn, "k", channel="hook")
+        async with running(config(webhook_channel(receiver.url)), dsn):
+            await until(lambda: _dead(conn), what="dead letter")
+    (w,) = await work(conn)
+    assert w["dead_reason"] == f"permanent failure: {said}", w["dead_reason"]
+    assert receiver.requests
+
+
 async def _dead(conn: psycopg.AsyncConnection[Any]) -> bool:
     return await count(conn, "status = 'dead'") == 1
 

@@ -331,27 +331,28 @@ class WebhookChannel:
         if 200 <= code < 300 or code == 409:
             return self._delivered(code, data)
         text = data[:300].decode("utf-8", "replace")
+        said = f"HTTP {code}: {text}" if text.strip() else f"HTTP {code}"
         if code in self.THROTTLING:
             delay = parse_retry_after(retry_after)
             if delay is not None:
                 delay = min(delay, self.MAX_RETRY_AFTER)
             return Retry(
-                error=f"HTTP {code}: {text}",
+                error=said,
                 delay=delay,
                 http_status=code,
                 error_class=f"HTTP{code}",
                 throttle=True,
             )
         if code >= 500:
-            return Retry(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
+            return Retry(error=said, http_status=code, error_class=f"HTTP{code}")
         if code == 410:
             return Retry(
-                error=f"HTTP {code}: {text}",
+                error=said,
                 http_status=code,
                 error_class="HTTP410",
                 pause=f"the receiver answered 410 Gone at {self.url}",
             )
-        return Failed(error=f"HTTP {code}: {text}", http_status=code, error_class=f"HTTP{code}")
+        return Failed(error=said, http_status=code, error_class=f"HTTP{code}")
 
     def _delivered(self, code: int, data: bytes) -> Delivered:
         """The answer to a 2xx (delivered) or a 409 (delivered, a duplicate the receiver

@@ -12,6 +12,7 @@ import psycopg
 
 from .. import store
 from ..config import Config
+from ..history import attempts_text
 from .common import (
     CliError,
     Database,
@@ -61,7 +62,10 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
         elif rows:
             print(
                 table(
-                    rows,
+                    [
+                        {**r, "attempts": attempts_text(r["attempts"], r["attempts_base"])}
+                        for r in rows
+                    ],
                     [
                         "id",
                         "channel",

@@ -14,6 +14,7 @@ from ..config import Config
 from .channel import channel_row
 from .common import (
     BACKLOG_COUNT_LIMIT,
+    CliError,
     Database,
     cutoffs,
     fmt,
@@ -29,6 +30,17 @@ LATE_SOURCES_SHOWN = 5
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     async def go(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
         await db.check_schema(conn)
+        unknown = await store.sources_unknown(conn, sources=args.source or [])
+        if unknown:
+            # A health check naming a source that has no reminder (a misspelt name) would stay
+            # green for ever: it is an error of the check's, said as such.
+            raise CliError(
+                f"--source {', '.join(unknown)}: no reminder has "
+                f"{'this source' if len(unknown) == 1 else 'these sources'} "
+                "(a misspelt name? `pgwork status` lists the late sources, `pgwork reminder` "
+                "finds one by its source and key)",
+                2,
+            )
         # First, and from the catalogs only: who locks pgwork's tables (the reads below would wait
         # behind them, up to the session's lock_timeout).
         holders = [asdict(h) for h in await store.lock_holders(conn)]

@@ -24,9 +24,9 @@ def cmd_web(args: argparse.Namespace, cfg: Config) -> int:
     from .. import web
 
     if args.listen:
-        from ..config import _check_listen
+        from ..config import check_listen
 
-        _check_listen("--listen", args.listen)
+        check_listen("--listen", args.listen)
         cfg = replace(cfg, web_listen=args.listen)
     logs.add_secrets(Secrets.from_config(cfg))
     database = Database(cfg)

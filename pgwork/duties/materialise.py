@@ -367,9 +367,12 @@ async def run_once(
     if aside is not None and aside.reported:
         aside.reported = await store.set_aside_forget(conn) > 0
     if made:
-        log.info(
-            "materialised %d work rows",
+        # At debug: a busy daemon makes rows on every pass (pgwork_materialised_rows_total
+        # counts them); an operator's log keeps what needs a look.
+        log.debug(
+            "materialised %d work row%s",
             made,
+            "" if made == 1 else "s",
             extra={
                 "rows": made,
                 "scanned": scanned,

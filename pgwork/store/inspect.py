@@ -24,6 +24,8 @@ class DeadLetter:
     occurrence: timedelta
     due_at: datetime
     attempts: int
+    #: The attempts it had when last redriven (0: never): its budget counts from there.
+    attempts_base: int
     dead_reason: str
     finished_at: datetime
     operation_id: UUID
@@ -221,3 +223,9 @@ async def history_attempts(conn: Conn, *, work_ids: Sequence[int]) -> list[dict[
 async def history_retired(conn: Conn, *, reminder_id: int, limit: int) -> list[dict[str, Any]]:
     """The tombstones retention left of its older occurrences."""
     return await _dicts(conn, "history_retired", {"reminder_id": reminder_id, "limit": limit})
+
+
+async def sources_unknown(conn: Conn, *, sources: Sequence[str]) -> list[str]:
+    """Of ``sources``, those with no reminder at all."""
+    got = await _dicts(conn, "sources_unknown", {"sources": list(sources)})
+    return [r["source"] for r in got]

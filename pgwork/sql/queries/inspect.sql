@@ -5,7 +5,7 @@
 -- name: dlq_list
 -- Dead letters, newest first, optionally filtered.
 SELECT w.id, w.source, w.business_key, w.channel, w.deadline, w.occurrence, w.due_at, w.attempts,
-       w.dead_reason, w.finished_at, w.operation_id
+       w.attempts_base, w.dead_reason, w.finished_at, w.operation_id
   FROM pgwork.renewal_work w
  WHERE w.status = 'dead'
    AND (%(channel)s::text IS NULL OR w.channel = %(channel)s)
@@ -160,14 +160,19 @@ SELECT w.id, CASE WHEN l.work_id IS NOT NULL THEN 'claimed' ELSE w.status END AS
 SELECT EXISTS (SELECT FROM pgwork.channel c WHERE c.name = %(name)s) AS exists
 
 -- name: live_page
--- A channel's live rows (ready, claimed or both) for the web page: one keyset page in the order
--- of work_ready_order (a claimed row by its lease's expiry), so a page reads only live rows,
+-- A channel's live rows (ready: claimable now; waiting: made ahead of their time, or a retry in
+-- its backoff; claimed; any of them) for the web page: one keyset page in the order of
+-- work_ready_order (a claimed row by its lease's expiry), so a page reads only live rows,
 -- however many are retained.
 SELECT w.id, v.source, w.business_key, v.status, w.due_at, v.available_at, coalesce(v.attempts, w.attempts) AS attempts,
        w.attempts_base, w.last_error
-  FROM (SELECT * FROM (SELECT q.work_id, q.source, 'ready' AS status, q.available_at, NULL::int AS attempts
+  FROM (SELECT * FROM (SELECT q.work_id, q.source,
+                              CASE WHEN q.available_at <= now() THEN 'ready' ELSE 'waiting' END AS status,
+                              q.available_at, NULL::int AS attempts
                          FROM pgwork.work_ready q
-                        WHERE q.channel = %(channel)s AND 'ready' = ANY (%(statuses)s::text[])
+                        WHERE q.channel = %(channel)s
+                          AND ('ready' = ANY (%(statuses)s::text[]) AND q.available_at <= now()
+                               OR 'waiting' = ANY (%(statuses)s::text[]) AND q.available_at > now())
                           AND (q.source, q.available_at, q.work_id)
                               > (%(after_source)s::text, %(after_at)s::timestamptz, %(after_id)s::bigint)
                         ORDER BY q.source, q.available_at, q.work_id
@@ -223,3 +228,12 @@ SELECT r.id, r.business_key, r.channel, r.due_at, r.due_local, r.due_tz, r.recur
  WHERE starts_with(r.business_key, %(prefix)s)
  ORDER BY r.business_key
  LIMIT %(limit)s
+
+-- name: sources_unknown
+-- Of the sources named, those with no reminder at all: a health check's misspelt name
+-- (`pgwork status --source`), which must not read as "not late". One probe of the reminders'
+-- (source, business_key) key each.
+SELECT s.source
+  FROM unnest(%(sources)s::text[]) AS s(source)
+ WHERE NOT EXISTS (SELECT FROM pgwork.reminder r WHERE r.source = s.source)
+ ORDER BY s.source

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import escape
 
-from .store import TrendMinute
+from ..store import TrendMinute
 
 #: Bars drawn at most: a longer window sums several minutes into a bar.
 BARS = 180
