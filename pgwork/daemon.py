@@ -281,6 +281,7 @@ class Daemon:
             duties.start_soon(
                 sup.revival.probe, partial(db.probe, self.dsn, cfg.connect_timeout, self.pooled)
             )
+            sup.who_holds = partial(_who_holds, pool)
             await duties.start(deliveries.run)
 
             self._state = "running"
@@ -307,3 +308,10 @@ class Daemon:
             await trends.last_write()
             duties.cancel_scope.cancel()
         log.info("pgwork stopped", extra={"daemon_id": self.daemon_id})
+
+
+async def _who_holds(pool: Any) -> str:
+    """The sessions holding the locks pgwork's sessions wait for, on one line."""
+    async with pool.connection(timeout=5) as conn:
+        holders = await store.lock_holders(conn)
+    return store.holders_text(holders) or "(it went meanwhile)"

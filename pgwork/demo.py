@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -24,7 +25,7 @@ import psycopg
 from aiohttp import web
 
 from . import config as config_mod
-from . import db
+from . import db, logs
 from .channels.webhook import signing_key
 
 #: The three reminders, by business key, and what the receiver answers each (attempt by attempt).
@@ -134,15 +135,33 @@ async def _story(daemon: Any, dsn: str, once: bool, token: str, cfg_file: Path) 
                 if told.get(key) != outcome and not outcome.startswith("ready"):
                     told[key] = outcome
                     say(f"outcome: {key} {outcome}")
+    cli = pgwork_command()
     say(
         f"\nThe dead letter is on http://{daemon.web_at}/dead, every attempt in its row's "
-        f"ledger. Sign in there with the token {token} to redrive it; or, while this runs, "
-        f"`pgwork --config {cfg_file} dlq list` and `dlq redrive ID` in another terminal."
+        f"ledger. Sign in there with the token {token} to redrive it (the daemon's log, below "
+        f"this, says who did); or, while this runs, in another terminal:\n"
+        f"  {cli} --config {cfg_file} dlq list\n"
+        f"  {cli} --config {cfg_file} dlq redrive ID"
     )
     if once:
         daemon.request_stop()
     else:
         say("Ctrl-C stops.")
+
+
+def pgwork_command() -> str:
+    """How to run pgwork from a shell here: ``pgwork`` when it is on the PATH; else the one
+    installed beside this Python (``.venv/bin/pgwork`` after ``make``), as a path that works
+    from here."""
+    if shutil.which("pgwork"):
+        return "pgwork"
+    beside = Path(sys.executable).parent / "pgwork"
+    if beside.exists():
+        try:
+            return str(beside.relative_to(Path.cwd()))
+        except ValueError:
+            return str(beside)
+    return f"{sys.executable} -m pgwork"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     receiver = Receiver(signing_key(secret))
     data = Path(args.dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
+
+    # The daemon's log, as `pgwork run` shows it in a terminal: what it did and who did what on
+    # the web page (a redrive's line names who).
+    logs.setup("text", "info")
 
     async def run() -> None:
         runner, url = await _serve_receiver(receiver)

@@ -10,7 +10,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
+import psycopg
 from anyio.abc import TaskStatus
+from psycopg_pool import PoolTimeout
 
 from .metrics import Metrics
 from .waker import Waker
@@ -44,14 +46,19 @@ class Health:
 
 
 class Revival:
-    """Duties that failed wait out their backoff, or less: when the database answers again (a
-    probe connects once a second while any duty is failing), every one of them looks again at
-    once, so a long outage does not leave a loop asleep for its 30-second backoff afterwards."""
+    """Duties that lost the database wait out their backoff, or less: when it answers again (a
+    probe connects once a second while any of them waits), every one of them looks again at
+    once, so a long outage does not leave a loop asleep for its 30-second backoff afterwards.
+    Only failures of the connection count (a statement's error, or a lock it waited for, is not
+    cured by the server answering), and "answers again" is said only after a probe that got no
+    answer."""
 
     PROBE_INTERVAL = 1.0
 
     def __init__(self) -> None:
         self.failing: set[Waker] = set()
+        #: A probe got no answer since the last revival.
+        self.down = False
 
     def failed(self, waker: Waker) -> None:
         self.failing.add(waker)
@@ -64,7 +71,8 @@ class Revival:
             w.wake("revived")
 
     async def probe(self, connect: Callable[[], Awaitable[None]]) -> None:
-        """While any duty is failing, try ``connect`` once a second; on success revive them."""
+        """While any duty waits for the database, try ``connect`` once a second; once it
+        answers, revive them."""
         while True:
             await anyio.sleep(self.PROBE_INTERVAL)
             if not self.failing:
@@ -72,9 +80,31 @@ class Revival:
             try:
                 await connect()
             except Exception:
+                self.down = True
                 continue
-            log.info("the database answers again; failed duties look again now")
+            if self.down:
+                log.info("the database answers again; failed duties look again now")
+                self.down = False
             self.revive()
+
+
+#: How soon a duty that waited for a lock past its lock timeout tries again, seconds (each try
+#: waits for the lock up to the timeout again: the lock's holder is an app, not an outage).
+LOCK_RETRY = 0.5
+
+
+def lock_wait(e: BaseException) -> bool:
+    """A statement gave up waiting for a lock (its lock_timeout): another session holds what
+    it needs. (psycopg files it under OperationalError, beside a lost connection.)"""
+    return isinstance(e, psycopg.errors.LockNotAvailable)
+
+
+def connection_lost(e: BaseException) -> bool:
+    """The database did not answer (a lost or refused connection), as opposed to an error of
+    a statement's or a lock it waited for."""
+    return isinstance(
+        e, psycopg.OperationalError | psycopg.InterfaceError | PoolTimeout
+    ) and not lock_wait(e)
 
 
 @dataclass(frozen=True)
@@ -131,11 +161,13 @@ class Backoff:
 @dataclass
 class Supervisor:
     """What every duty's loop shares: metrics, the health record behind the systemd watchdog,
-    and the revival that cuts backoffs short when the database answers again."""
+    the revival that cuts backoffs short when the database answers again, and who holds a lock
+    a duty waits for (``who_holds``, set once the daemon has a pool: named once per wait)."""
 
     metrics: Metrics
     health: Health = field(default_factory=Health)
     revival: Revival = field(default_factory=Revival)
+    who_holds: Callable[[], Awaitable[str]] | None = None
 
     async def loop(
         self,
@@ -153,6 +185,7 @@ class Supervisor:
         waker = waker or Waker()
         backoff = Backoff()
         nxt = first or Next(0, "start")
+        waiting_since: float | None = None  # waiting for a lock another session holds
         task_status.started()
         while True:
             cause = await waker.sleep(nxt.seconds)
@@ -162,6 +195,20 @@ class Supervisor:
                 nxt = await step()
             except Exception as e:
                 self.metrics.duty_failures.labels(name).inc()
+                if lock_wait(e):
+                    # Not an outage, and no backoff to grow: another session holds a lock this
+                    # pass needs. Said once, naming the holder (`pgwork status` does too).
+                    if waiting_since is None:
+                        waiting_since = time.monotonic()
+                        log.warning(
+                            "%s waits for a lock another session holds; it tries again until "
+                            "the lock goes: %s",
+                            name,
+                            await self._holders(),
+                            extra={"duty": name, "error_class": type(e).__name__},
+                        )
+                    nxt = Next(LOCK_RETRY, "locked")
+                    continue
                 delay = backoff.next()
                 log.error(
                     "%s pass failed; retrying in %.1fs: %s",
@@ -176,9 +223,18 @@ class Supervisor:
                     exc_info=backoff.failures == 1,
                 )
                 nxt = Next(delay, "retry")
-                self.revival.failed(waker)
+                if connection_lost(e):
+                    self.revival.failed(waker)
             else:
                 self.revival.recovered(waker)
+                if waiting_since is not None:
+                    log.info(
+                        "%s goes on: the lock it waited for went after %.0fs",
+                        name,
+                        time.monotonic() - waiting_since,
+                        extra={"duty": name},
+                    )
+                    waiting_since = None
                 if backoff.failures:
                     self.metrics.duty_restarts.labels(name).inc()
                     log.info(
@@ -191,3 +247,12 @@ class Supervisor:
                 self.metrics.duty_last_success.labels(name).set_to_current_time()
             finally:
                 self.health.end(name)
+
+    async def _holders(self) -> str:
+        """Who holds the locks pgwork's sessions wait for, as `pgwork status` names them."""
+        if self.who_holds is None:
+            return "(unknown: `pgwork status` names it)"
+        try:
+            return await self.who_holds()
+        except Exception as e:  # a report only: the wait is said either way
+            return f"(could not read who: {e})"

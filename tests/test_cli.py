@@ -875,6 +875,13 @@ def test_the_demo_shows_a_signed_delivery_a_retry_and_a_dead_letter(tmp_path: Pa
         assert "outcome: flaky:1 delivered after 3 attempt(s)" in out, out
         assert "outcome: broken:1 dead after 1 attempt(s)" in out, out
         assert "/dead" in out and "dlq redrive" in out, out
+        # Issue 68, item 10: the daemon's log was hidden, and the command it said to run was
+        # not on the PATH after `make`: the one it names runs, and the log shows.
+        (cli,) = {line.split(" --config ")[0].strip() for line in out.splitlines()
+                  if line.endswith(" dlq list")}  # fmt: skip
+        ran = subprocess.run([*cli.split(), "--version"], cwd=tmp_path, env=e, capture_output=True)
+        assert ran.returncode == 0, (cli, ran.stderr)
+        assert "pgwork running" in r.stderr and "dead letter" in r.stderr, r.stderr[-3000:]
         assert LocalServer(tmp_path / "pg").running_port() is None, "the demo left its server"
     finally:
         LocalServer(tmp_path / "pg").stop("immediate")

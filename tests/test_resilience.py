@@ -95,3 +95,39 @@ async def test_stop_while_database_unreachable(dsn: str) -> None:
             tg.start_soon(daemon.run)
             await anyio.sleep(0.5)
             daemon.request_stop()
+
+
+async def test_an_apps_table_lock_is_said_once_per_duty_naming_its_holder(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 68, item 9: an app's `LOCK TABLE pgwork.reminder` for 12 s made about 40 log lines:
+    each duty's failed pass with a traceback, retention halving its batches down to "stalled",
+    and "the database answers again" once a second although it never stopped answering; none
+    named the holder (`pgwork status` did). Now each duty says once that it waits for a lock,
+    naming the session that holds it, and once that it goes on."""
+    from pgwork.config import RetentionPolicy
+
+    await add(conn, "k", "now() + interval '1 hour'")
+    cfg = config(
+        tick=0.5,
+        retention_enabled=True,
+        retention_interval=0.5,
+        retention=RetentionPolicy(lock_timeout=0.5, statement_timeout=2.0),
+    )
+    async with running(cfg, dsn):
+        await anyio.sleep(1.0)
+        with caplog.at_level("INFO", logger="pgwork"):
+            async with await psycopg.AsyncConnection.connect(dsn, application_name="an app") as app:
+                await app.execute("LOCK TABLE pgwork.reminder")
+                await anyio.sleep(12)
+                await app.rollback()
+            await anyio.sleep(3)
+    said = [r for r in caplog.records if r.levelno >= logging.INFO]
+    lines = [f"{r.levelname} {r.getMessage()}" for r in said]
+    waits = [x for x in lines if "waits for a lock" in x]
+    assert waits and all("application 'an app'" in x and "pid " in x for x in waits), lines
+    assert len(waits) == len({x.split(" waits")[0] for x in waits}), lines  # once per duty
+    assert any("goes on" in x for x in lines), lines
+    assert not any("answers again" in x for x in lines), lines
+    assert not any(r.exc_info for r in said), lines
+    assert len(lines) <= 10, "\n".join(lines)

@@ -215,20 +215,7 @@ def _lock_holders(holders: list[dict[str, Any]]) -> str:
     lines = ["LOCKED: these sessions hold locks that stop claims, outcomes or the materialiser:"]
     # A table lock: "<mode> on <table>"; a lock a pgwork session waits for: what it waits on.
     for h in holders:
-        who = ", ".join(
-            x
-            for x in (
-                h["application_name"] and f"application {h['application_name']!r}",
-                h["role"] and f"role {h['role']}",
-                h["held_s"] is not None and f"in its transaction for {h['held_s']:.1f}s",
-                h["state"],
-            )
-            if x
-        )
-        lines.append(
-            f"  pid {h['pid']} ({who or 'details hidden: needs pg_read_all_stats'}): "
-            f"{h['mode']} on {h['relation']}"
-        )
+        lines.append("  " + store.LockHolder(**h).text())
     lines.append("  (end it with SELECT pg_terminate_backend(pid), or ask its owner to commit)")
     return "\n".join(lines)
 

@@ -51,6 +51,8 @@ class Retention:
         self.policy = policy
         self.metrics = metrics
         self.batch = policy.batch_size
+        #: Since when (monotonic) a lock another session holds has stopped every pass.
+        self.locked_since: float | None = None
 
     async def run_once(
         self, conn: AsyncConnection[Any], progress: Callable[[], None] | None = None
@@ -67,7 +69,7 @@ class Retention:
         deleted = ledger = batches = timeouts = 0
         longest = 0.0
         largest = 0
-        paused = stalled = False
+        paused = stalled = locked = False
         in_a_row = 0
         while True:
             if await store.retention_paused(conn):
@@ -92,6 +94,20 @@ class Retention:
                 in_a_row = in_a_row + 1 if limit == self.policy.min_batch else 0
                 if in_a_row >= self.STALL_AFTER:
                     stalled = True
+                    if isinstance(e, errors.LockNotAvailable):
+                        # Another session holds a lock the batches need (an app's LOCK TABLE, a
+                        # row held in an open transaction): said once per wait, naming it.
+                        locked = True
+                        if self.locked_since is None:
+                            self.locked_since = time.monotonic()
+                            log.warning(
+                                "retention waits for a lock another session holds; its passes "
+                                "stop there until it goes: %s",
+                                store.holders_text(await store.lock_holders(conn))
+                                or "(it went meanwhile)",
+                                extra={"duty": "retention", "error_class": type(e).__name__},
+                            )
+                        break
                     log.error(
                         "retention stalled: %d batches of %d rows timed out in a row; giving up this pass",
                         in_a_row,
@@ -102,7 +118,9 @@ class Retention:
                 self.batch = max(self.policy.min_batch, self.batch // 2)
                 if self.metrics:
                     self.metrics.retention_timeouts.inc()
-                log.warning(
+                # At debug: a smaller batch may get past a row that is locked, or finish within
+                # the timeout; the pass's summary counts the timeouts, and a stall is said.
+                log.debug(
                     "retention batch of %d timed out; next batches are %d rows",
                     limit,
                     self.batch,
@@ -127,10 +145,17 @@ class Retention:
                 break
             after_at, after_id = page.last_at, page.last_id or 0
             await anyio.sleep(self.policy.pause)
+        if not locked and self.locked_since is not None:
+            log.info(
+                "retention goes on: the lock it waited for went after %.0fs",
+                time.monotonic() - self.locked_since,
+                extra={"duty": "retention"},
+            )
+            self.locked_since = None
         if not paused and not stalled:
             await store.retention_record_pass(conn, deleted=deleted)
         duration = time.monotonic() - t0
-        if deleted or timeouts:
+        if deleted or (timeouts and not stalled):
             log.info(
                 "retention deleted %d work rows and %d ledger rows",
                 deleted,

@@ -85,6 +85,28 @@ class LockHolder:
     #: Seconds its transaction (or, outside one, its session) has been open.
     held_s: float | None
 
+    def text(self) -> str:
+        """One line, as `pgwork status` and the daemon's log name it."""
+        who = ", ".join(
+            x
+            for x in (
+                self.application_name and f"application {self.application_name!r}",
+                self.role and f"role {self.role}",
+                self.held_s is not None and f"in its transaction for {self.held_s:.1f}s",
+                self.state,
+            )
+            if x
+        )
+        return (
+            f"pid {self.pid} ({who or 'details hidden: needs pg_read_all_stats'}): "
+            f"{self.mode} on {self.relation}"
+        )
+
 
 async def lock_holders(conn: Conn) -> list[LockHolder]:
     return await _rows(conn, "lock_holders", LockHolder)
+
+
+def holders_text(holders: list[LockHolder]) -> str:
+    """The holders on one line, each once (a session may hold several locks that stop us)."""
+    return "; ".join(dict.fromkeys(h.text() for h in holders))
