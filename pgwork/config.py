@@ -228,6 +228,16 @@ class Config:
         within=(0.1, 3600),
         doc="refresh of database-derived gauges",
     )
+    metrics_source_lag_series: int = option(
+        "metrics.source_lag_series",
+        "int",
+        20,
+        within=(0, 10_000),
+        doc=(
+            "`pgwork_source_lag_seconds` series at most: the most overdue sources, so that "
+            "the family's size does not grow with the number of sources"
+        ),
+    )
     retention_enabled: bool = option(
         "retention.enabled",
         "bool",

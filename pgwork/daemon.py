@@ -262,6 +262,7 @@ class Daemon:
                     interval=cfg.metrics_interval,
                     rows_held=lambda: deliveries.held,
                     listener_up=lambda: listener.up if listen_dsn else None,
+                    source_series=cfg.metrics_source_lag_series,
                 )
                 await duties.start(self._gauges.run)
             if cfg.web_enabled:

@@ -251,8 +251,8 @@ class Metrics:
         self.source_lag = gauge(
             "pgwork_source_lag_seconds",
             "pgwork_lag_seconds per source (app): its oldest overdue occurrence, materialised or "
-            "not (0 when none); a source with no reminder left to make and no live row due has no "
-            "series.",
+            "not; a series for each late source, the most overdue metrics.source_lag_series (20) "
+            "at most.",
             "source",
         )
         self.oldest_ready = gauge(

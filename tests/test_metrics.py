@@ -47,3 +47,36 @@ def test_the_daemon_metrics_keep_their_names_and_type() -> None:
     assert 'pgwork_delivery_duration_seconds_count{channel="hooks"} 1.0' in text
     with pytest.raises(ValueError, match="takes labels"):
         m.lateness.labels("hooks", "extra")
+
+
+@pytest.mark.anyio
+async def test_the_per_source_lag_family_is_the_most_overdue_sources_only(dsn: str) -> None:
+    """Issue 68, item 13: the per-source lag family had one series per source with anything left
+    to make: 20,000 sources gave 20,050 series and 1 MiB a scrape, re-read by a 20,000-probe
+    scan every interval. It holds the most overdue metrics.source_lag_series sources, read from
+    the first due rows in due order."""
+    import psycopg
+
+    from pgwork.duties import gauges
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        # 3,000 sources, one overdue reminder each, source N due N seconds ago; one more source
+        # with a reminder far ahead (nothing late).
+        await c.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 'app' || lpad(g::text, 4, '0'), 'k', now() - g * interval '1 second', "
+            "'log', 'r' FROM generate_series(1, 3000) g"
+        )
+        await c.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES ('quiet', 'k', now() + interval '1 day', 'log', 'r')"
+        )
+        reading = await gauges.read(c, 20)
+    m = Metrics()
+    gauges.publish(m, reading)
+    shown = [s for s in m.registry.collect() if s.name == "pgwork_source_lag_seconds"]
+    (family,) = shown
+    names = [s.labels["source"] for s in family.samples]
+    assert len(names) == 20, len(names)
+    assert set(names) == {f"app{n:04d}" for n in range(2981, 3001)}  # the most overdue
+    assert all(s.value >= 2980 for s in family.samples)

@@ -35,12 +35,13 @@ class Reading:
         return sum(s.n for s in self.states if s.status == store.Status.DEAD)
 
 
-async def read(conn: AsyncConnection[Any]) -> Reading:
+async def read(conn: AsyncConnection[Any], sources_shown: int) -> Reading:
     """Every gauge's query. Each reads an index bounded by live rows or dead letters, or the
-    catalog, never the terminal rows retention keeps."""
+    catalog, never the terminal rows retention keeps; per source, the ``sources_shown`` most
+    overdue only (metrics.source_lag_series)."""
     t0 = time.monotonic()
     lag = await store.lag(conn)
-    sources = await store.lag_by_source(conn)
+    sources = await store.late_sources(conn, limit=sources_shown)
     states = await store.work_states(conn)
     tables = await store.table_health(conn)
     xmin = await store.xmin_horizon(conn)
@@ -90,11 +91,13 @@ class Gauges:
     interval: float
     rows_held: Callable[[], int]
     listener_up: Callable[[], bool | None]
+    #: pgwork_source_lag_seconds series at most (metrics.source_lag_series).
+    source_series: int = 20
     summary: str = field(default="running", init=False)
 
     async def step(self) -> Next:
         async with self.pool.connection() as conn:
-            reading = await read(conn)
+            reading = await read(conn, self.source_series)
         publish(self.sup.metrics, reading)
         self.summary = (
             f"running: {self.rows_held()} rows held, lag {reading.lag.lag_seconds:.1f}s, "

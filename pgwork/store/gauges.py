@@ -52,6 +52,11 @@ async def lag_by_source(conn: Conn) -> list[SourceLag]:
     return await _rows(conn, "lag_by_source", SourceLag)
 
 
+async def late_sources(conn: Conn, *, limit: int) -> list[SourceLag]:
+    """The ``limit`` most overdue sources, latest first (a bounded read: see the statement)."""
+    return await _rows(conn, "late_sources", SourceLag, {"limit": limit})
+
+
 async def oldest_overdue_channel(conn: Conn) -> str | None:
     """The channel of the oldest overdue live row, if any."""
     got = await _dicts(conn, "oldest_overdue_channel", {})

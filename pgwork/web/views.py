@@ -20,6 +20,8 @@ PAGE = 50
 TREND_HOURS = (3, 1, 12, 48)
 #: The reminders set aside the overview lists (status lists up to 100).
 OVERVIEW_SET_ASIDE = 20
+#: The late sources the overview lists, the most overdue first (`pgwork status` lists each).
+LATE_SOURCES = 20
 #: A channel's live rows: every one, those claimable now, those waiting for their time (made
 #: ahead of it, or a retry in its backoff), those a worker holds.
 LIVE_STATUSES = {"": ("ready", "waiting", "claimed"), "ready": ("ready",),
@@ -49,7 +51,7 @@ async def overview(conn: Conn) -> Overview:
         counts.setdefault(s.channel, {})[s.status] = s.n
     return Overview(
         lag=await store.lag(conn),
-        sources=await store.lag_by_source(conn),
+        sources=await store.late_sources(conn, limit=LATE_SOURCES),
         counts=counts,
         channels=await store.channel_states(conn),
         aside=await store.set_aside_list(conn, limit=OVERVIEW_SET_ASIDE),

@@ -70,6 +70,32 @@ SELECT coalesce(u.source, l.source) AS source,
   FROM unmade u FULL JOIN live l ON l.source = u.source
  ORDER BY lag_seconds DESC, source
 
+-- name: late_sources
+-- The %(limit)s most overdue sources (a bounded family for the metrics and the web page's
+-- overview, however many sources there are; `pgwork status` reads lag_by_source, every one):
+-- from the live rows due (bounded by the live rows, as lag) and from the due reminders not
+-- made yet, read in due order, at most 1,000 of them (a longer backlog of unmade reminders is
+-- the materialiser's, which lag's unmaterialised part shows). Latest first; late ones only.
+WITH unmade AS (
+    SELECT d.source, min(d.at) AS due_at
+      FROM (SELECT r.source, coalesce(r.next_fire_at, r.due_at) AS at
+              FROM pgwork.reminder r
+             WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
+               AND coalesce(r.next_fire_at, r.due_at) <= now()
+             ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
+             LIMIT 1000) AS d
+     GROUP BY d.source
+), live AS (
+    SELECT w.source, min(w.due_at) AS due_at FROM pgwork.live_work(NULL) w
+     WHERE w.due_at <= now() GROUP BY w.source
+)
+SELECT coalesce(u.source, l.source) AS source,
+       greatest(extract(epoch FROM now() - least(l.due_at, u.due_at)), 0)::float8 AS lag_seconds,
+       coalesce(u.due_at < coalesce(l.due_at, 'infinity'), false) AS unmaterialised
+  FROM unmade u FULL JOIN live l ON l.source = u.source
+ ORDER BY lag_seconds DESC, source
+ LIMIT %(limit)s
+
 -- name: oldest_overdue_channel
 -- The channel of the oldest overdue live row: what `status --max-lag` names when lag is too high
 -- (bounded by the live rows, like lag).
