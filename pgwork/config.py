@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,12 @@ _RATE_UNITS = {
 }
 
 
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean worker.lease?)`` for a name one slip away from a known one, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def parse_rate(option: str, raw: Any) -> float:
     """Deliveries per second from ``50``, ``2.5``, ``'50/s'``, ``'3000/min'`` or ``'100/h'``."""
     value: Any = raw
@@ -412,7 +419,8 @@ def _channel(
         raise ConfigError(f"{where}: expected a table")
     unknown = set(raw) - _CHANNEL_KEYS
     if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown option")
+        key = sorted(unknown)[0]
+        raise ConfigError(f"{where}.{key}: unknown option{_did_you_mean(key, _CHANNEL_KEYS)}")
     if not CHANNEL_NAME.fullmatch(name):
         raise ConfigError(
             f"{where}: channel names are lower-case letters, digits, _ and - (got {name!r})"
@@ -563,7 +571,7 @@ def load(
         for key, value in table.items():
             option = f"{section}.{key}"
             if option not in _OPTIONS:
-                raise ConfigError(f"{option}: unknown option")
+                raise ConfigError(f"{option}: unknown option{_did_you_mean(option, _OPTIONS)}")
             _fname, kind = _OPTIONS[option]
             values[option] = convert(option, kind, value)
 

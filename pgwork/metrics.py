@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from .options import ConfigError, listen_ports
@@ -40,9 +45,14 @@ _LATENESS_BUCKETS = (
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+# No `*_created` series: a counter's or a histogram's creation time (when the daemon first
+# counted it) told an operator nothing, and each family had one, undocumented.
+disable_created_metrics()
+
+
 class DeliveryHistogram(Collector):
     """A labelled histogram for what is observed once per delivery, exposed exactly as
-    prometheus_client's ``Histogram`` is (buckets, count, sum, created).
+    prometheus_client's ``Histogram`` is (buckets, count, sum; no created: see above).
 
     ``Histogram.observe`` walks the buckets and takes two locks, and every delivery observes
     two (duration, lateness; bench/README.md, "Per-delivery code"). Here an observation is a binary search and two list
@@ -69,14 +79,13 @@ class DeliveryHistogram(Collector):
         registry.register(self)
 
     class Child:
-        __slots__ = ("_bounds", "counts", "created")
+        __slots__ = ("_bounds", "counts")
 
         def __init__(self, bounds: tuple[float, ...]) -> None:
             self._bounds = bounds
             #: One count per bucket (not cumulative: a value on a bound counts in its bucket),
             #: then the sum.
             self.counts: list[float] = [0] * len(bounds) + [0.0]
-            self.created = time.time()
 
         def observe(self, amount: float) -> None:
             c = self.counts
@@ -103,8 +112,6 @@ class DeliveryHistogram(Collector):
                 acc += n
                 buckets.append((le, acc))
             family.add_metric(list(values), buckets, counts[-1])
-            labels = dict(zip(self.labelnames, values, strict=True))
-            family.samples.append(Sample(self.name + "_created", labels, child.created))
         yield family
 
 

@@ -66,6 +66,13 @@ backoff_base = "500ms"
         ("[materialiser]\ntick = 5", {}, "materialiser.tick: expected a duration"),
         ('[materialiser]\ntick = "0s"', {}, "materialiser.tick: must be between"),
         ('[materialiser]\ntik = "1s"', {}, "materialiser.tik: unknown option"),
+        # Issue 68: a slip of the keyboard suggested nothing.
+        ('[worker]\nleese = "1s"', {}, "worker.leese: unknown option (did you mean worker.lease?)"),
+        (
+            '[channels.x]\nkind = "log"\nconcurency = 2',
+            {},
+            "channels.x.concurency: unknown option (did you mean concurrency?)",
+        ),
         ('[materialist]\ntick = "1s"', {}, "materialist: unknown section"),
         ('[worker]\nclaim_batch = "many"', {}, "worker.claim_batch: invalid literal"),
         ('[log]\nformat = "xml"', {}, "log.format: must be one of auto, json, text"),
@@ -390,7 +397,7 @@ def test_the_reference_lists_every_option() -> None:
     from pgwork import reference
 
     assert _documented() == list(reference.options())
-    assert len(_documented()) == 57
+    assert len(_documented()) == 58
 
 
 def test_an_option_is_described_once() -> None:
