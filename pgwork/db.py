@@ -188,6 +188,8 @@ async def probe(dsn: str, timeout: float, pooled: bool = False) -> None:
 _REFUSED_FOR_GOOD = re.compile(
     r'FATAL:\s+(database ".*" does not exist|role ".*" does not exist'
     r"|password authentication failed|no pg_hba\.conf entry|.* authentication failed)"
+    # A transaction pooler (PgBouncer) refusing the session settings pgwork sends at connect.
+    r"|unsupported startup parameter"
     # libpq's own: the server asks for a password and none was given (not in the DSN, no
     # PGPASSWORD, no readable .pgpass): an env file without it, a .pgpass the user cannot read.
     r"|fe_sendauth: no password supplied"
@@ -211,6 +213,12 @@ def refusal(e: psycopg.Error) -> str:
         text += (
             " (the server asks for a password and none was given: not in PGWORK_DSN, nor in "
             "PGPASSWORD, nor in a .pgpass this user can read; check the service's env file)"
+        )
+    if "unsupported startup parameter" in text:
+        text += (
+            " (a transaction pooler such as PgBouncer refuses the settings pgwork sends as it "
+            'connects: set database.pooler = "transaction", or PGWORK_DATABASE_POOLER=transaction, '
+            "and give LISTEN a direct connection with database.listen_dsn)"
         )
     return text
 

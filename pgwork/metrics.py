@@ -47,7 +47,7 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 
 # No `*_created` series: a counter's or a histogram's creation time (when the daemon first
 # counted it) told an operator nothing, and each family had one, undocumented.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class DeliveryHistogram(Collector):

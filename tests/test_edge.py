@@ -486,7 +486,7 @@ async def test_redrive_selects_by_time_window_and_reason(
     r = pgwork("dlq", "redrive", "1", "--since", "2h", dsn=dsn)
     assert r.returncode == 2 and "select among --all" in r.stderr
     r = pgwork("dlq", "redrive", "--all", "--since", "2h", "--reason-like", "%HTTP 5%", dsn=dsn)
-    assert r.returncode == 0 and "redrove 1 dead letters" in r.stdout, r.stderr
+    assert r.returncode == 0 and "redrove 1 dead letter:" in r.stdout, r.stderr
     got = await rows(
         conn, "SELECT business_key, status FROM pgwork.renewal_work ORDER BY business_key"
     )
@@ -495,6 +495,36 @@ async def test_redrive_selects_by_time_window_and_reason(
         {"business_key": "recent-404", "status": "dead"},
         {"business_key": "recent-500", "status": "ready"},
     ]
+
+
+async def test_redrive_has_the_pages_source_filter_and_a_dry_run(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 68: `dlq redrive` had no --dry-run and no --source (the web page has both)."""
+    for k, source in (("a", "crm"), ("b", "crm"), ("c", "billing")):
+        await add(conn, k, source=source)
+    await materialise(dsn)
+    await conn.execute(
+        "UPDATE pgwork.renewal_work SET status = 'dead', attempts = 1, lease = 1, "
+        "dead_reason = 'permanent failure: HTTP 400', finished_at = now()"
+    )
+    await sync_queue(conn)
+
+    async def dead() -> list[str]:
+        got = await rows(
+            conn, "SELECT business_key FROM pgwork.renewal_work WHERE status = 'dead' ORDER BY 1"
+        )
+        return [g["business_key"] for g in got]
+
+    r = pgwork("dlq", "redrive", "1", "--source", "crm", dsn=dsn)
+    assert r.returncode == 2 and "select among --all" in r.stderr, r.stderr
+    r = pgwork("dlq", "redrive", "--all", "--source", "crm", "--dry-run", dsn=dsn)
+    assert r.returncode == 0, r.stderr
+    assert "would redrive 2 dead letters" in r.stdout and "nothing was redriven" in r.stdout
+    assert await dead() == ["a", "b", "c"]
+    r = pgwork("dlq", "redrive", "--all", "--source", "crm", dsn=dsn)
+    assert r.returncode == 0 and r.stdout.startswith("redrove 2 dead letters"), r.stdout
+    assert await dead() == ["c"]
 
 
 async def test_an_expired_occurrence_stays_unsent_after_retention_and_a_move_back(

@@ -8,6 +8,7 @@ the python test channel."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -315,3 +316,30 @@ async def test_outcomes_of_other_apps_are_recorded_while_one_flush_waits_on_a_lo
 
             await until(held_recorded, timeout=30, what="the held one, once the lock went")
     assert receiver.keys() and set(receiver.keys().values()) == {1}
+
+
+async def test_a_reminder_set_aside_and_tried_again_costs_one_line_a_try(
+    dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    """Issue 68: each try of a reminder set aside (a row no page can make) cost a failed pass and
+    three lines: the page with claims failed ("claiming in pages is off"), the pass failed (with
+    a traceback the first time), then the pass without claims set it aside again. A page with
+    claims that fails for a row is tried again without them in the same pass: one line a try,
+    an error the first time, a warning after."""
+    from pgwork.duties import materialise as m
+
+    from .helpers import add_in_an_unknown_zone
+
+    monkeypatch.setattr(m.SetAside, "FIRST", 1.0)
+    monkeypatch.setattr(m.SetAside, "LONGEST", 1.0)
+    monkeypatch.setattr(m, "CLAIMS_OFF_AFTER_FAILURE", 0.5)
+    await add_in_an_unknown_zone(conn)
+    with caplog.at_level("INFO", logger="pgwork"):
+        async with running(config(tick=0.3), dsn):
+            await anyio.sleep(5.0)
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    tries = [r for r in said if "a page failed on reminder" in r.getMessage()]
+    assert len(tries) >= 3, [r.getMessage() for r in said]
+    assert len(said) == len(tries), [r.getMessage() for r in said]  # nothing else
+    assert [r.levelno for r in tries] == [logging.ERROR] + [logging.WARNING] * (len(tries) - 1)
+    assert all(" again;" in r.getMessage() for r in tries[1:])

@@ -32,9 +32,13 @@ async def test_without_pooler_mode_pgbouncer_refuses_the_connection(
     dsn: str, pgbouncer: PgBouncer
 ) -> None:
     """What the option is for: pgwork's session settings travel as a startup parameter, which a
-    transaction pooler refuses; the command says so in one line."""
+    transaction pooler refuses; the command says so in one line, naming the setting (issue 68:
+    it said only "unsupported startup parameter: options"), and `pgwork run` does not retry."""
     r = pgwork("status", dsn=pgbouncer.dsn(dsn))
     assert r.returncode == 3 and "options" in r.stderr, r.stderr
+    assert 'database.pooler = "transaction"' in r.stderr, r.stderr
+    r = pgwork("run", dsn=pgbouncer.dsn(dsn))
+    assert r.returncode == 3 and 'database.pooler = "transaction"' in r.stderr, r.stderr[-2000:]
     r = pgwork("status", dsn=pgbouncer.dsn(dsn), env={"PGWORK_DATABASE_POOLER": "transaction"})
     assert r.returncode == 0, r.stderr
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import uuid
 from datetime import UTC, datetime
@@ -161,7 +162,7 @@ async def assert_upgrade_equals_a_fresh_install(
 
 
 async def test_an_upgrade_drops_a_signature_the_code_no_longer_has(
-    empty_dsn: str, conn: psycopg.AsyncConnection[Any]
+    empty_dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A database installed by a commit whose function had another signature than the one its
     version ended with (d7e7eec, the first schema 14: materialise_page without ``aside``) kept
@@ -177,12 +178,23 @@ async def test_an_upgrade_drops_a_signature_the_code_no_longer_has(
             " origin text, take jsonb, claim_lease interval, daemon_id text) RETURNS bigint"
             " LANGUAGE sql AS 'SELECT 1::bigint'"
         )
-        said = await migration.migrate(c)
+        with caplog.at_level("INFO", logger="pgwork.migration"):
+            said = await migration.migrate(c)
         assert f"upgraded pgwork schema from version 21 to {SCHEMA_VERSION}" in said
         await db.check_schema(c)
         upgraded = await _catalog(c)
     fresh = await _catalog(conn)
     assert upgraded["function_comments_and_acls"] == fresh["function_comments_and_acls"]
+    # Issue 68: it was a warning quoting the whole signature (13 types): what an upgrade does is
+    # said in a line, by name.
+    said_of = [r.getMessage() for r in caplog.records if "old definition" in r.getMessage()]
+    assert (
+        "migrate: pgwork.materialise_page takes new arguments; its old definition is dropped"
+        in said_of
+    )
+    assert not [
+        r for r in caplog.records if r.levelno >= logging.WARNING and "DROP" in r.getMessage()
+    ]
 
 
 async def test_an_upgrade_names_keys_the_new_space_rule_refuses(empty_dsn: str) -> None:

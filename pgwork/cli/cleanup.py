@@ -34,7 +34,7 @@ def cmd_cleanup(args: argparse.Namespace, cfg: Config) -> int:
                 else "retention resumed"
             ), {}
         r = Retention(cfg.retention)
-        res = await r.run_once(conn)
+        res = await r.run_once(conn, summary=False)
         if res.paused:
             raise CliError("retention is paused (`pgwork cleanup --resume` resumes it)", 1)
         return (

@@ -150,24 +150,31 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
     # redrive
     if not args.all and not args.ids:
         raise CliError("dlq redrive needs work ids or --all", 2)
-    if (args.since is not None or args.reason_like is not None) and not args.all:
-        raise CliError("dlq redrive: --since and --reason-like select among --all", 2)
+    if (
+        args.since is not None or args.reason_like is not None or args.source is not None
+    ) and not args.all:
+        raise CliError("dlq redrive: --since, --reason-like and --source select among --all", 2)
     operator = operator_name()
 
     async def redrive(
         conn: psycopg.AsyncConnection[Any],
     ) -> tuple[list[store.Redriven], dict[int, str]]:
-        got = await store.dlq_redrive(
-            conn,
-            all=bool(args.all),
-            ids=args.ids or [],
-            channel=args.channel,
-            operator=operator,
-            since=timedelta(seconds=args.since) if args.since is not None else None,
-            reason_like=args.reason_like,
-        )
-        missed = [i for i in args.ids or [] if i not in {r.id for r in got}]
-        return got, {w.id: w.status for w in await store.work_statuses(conn, missed)}
+        async with conn.transaction() as tx:
+            got = await store.dlq_redrive(
+                conn,
+                all=bool(args.all),
+                ids=args.ids or [],
+                channel=args.channel,
+                source=args.source,
+                operator=operator,
+                since=timedelta(seconds=args.since) if args.since is not None else None,
+                reason_like=args.reason_like,
+            )
+            missed = [i for i in args.ids or [] if i not in {r.id for r in got}]
+            statuses = {w.id: w.status for w in await store.work_statuses(conn, missed)}
+            if args.dry_run:
+                raise psycopg.Rollback(tx)
+        return got, statuses
 
     verdicts, statuses = with_conn(dsn, redrive, pooled)
     found = {r.id for r in verdicts}
@@ -194,7 +201,9 @@ def _dlq(args: argparse.Namespace, dsn: str, pooled: bool = False) -> int:
                 file=sys.stderr,
             )
     print(
-        f"redrove {len(ok)} dead letters"
+        f"{'would redrive' if args.dry_run else 'redrove'} {len(ok)} dead "
+        f"letter{'' if len(ok) == 1 else 's'}"
         + (f": {', '.join(map(str, ok))}" if ok and len(ok) <= 20 else "")
+        + (" (a dry run: nothing was redriven)" if args.dry_run else "")
     )
     return 0 if not refused and len(found) >= len(set(args.ids or [])) else 1

@@ -170,7 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument(
         "--all", action="store_true", help="every dead letter (with --channel: of that channel)"
     )
-    rd.add_argument("--channel")
+    rd.add_argument("--channel", help="with --all: only this channel's")
+    rd.add_argument("--source", help="with --all: only this source's")
+    rd.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would be redriven, and redrive nothing (rolled back)",
+    )
     rd.add_argument(
         "--since",
         type=duration_arg,

@@ -90,6 +90,10 @@ class SetAside:
             del self._until[rid]
         return list(self._until)
 
+    def tried(self, reminder_id: int) -> bool:
+        """Whether ``reminder_id`` was set aside before (by this daemon)."""
+        return reminder_id in self._wait
+
     def add(self, reminder_id: int, now: float) -> float:
         """Leave ``reminder_id`` out; returns for how long, seconds."""
         wait = min(self.LONGEST, self._wait.get(reminder_id, self.FIRST / 2) * 2)
@@ -190,6 +194,9 @@ class PassResult:
     #: The cutoff recorded as the materialiser's evidence (every occurrence firing at or before
     #: it has its work row): short of ``cutoff`` while a reminder is skipped or set aside.
     recorded: datetime | None = None
+    #: A page with claims failed and ran without them: the claims' error (the caller turns
+    #: claims in pages off for a while).
+    claims_failed: str | None = None
 
     @property
     def left_locked(self) -> bool:
@@ -252,6 +259,9 @@ async def run_once(
     longest = 0.0
     limit = page_size
     failed = cut_short = False
+    #: A page with claims failed with an error a row can cause, and is tried again without.
+    suspect: BaseException | None = None
+    claims_failed: str | None = None
     while True:
         p0 = time.monotonic()
         first = pages == 0 and not failed
@@ -274,8 +284,17 @@ async def run_once(
         except BaseException as e:
             for c, req in asked:
                 c.page_claimed(req, None, p0)
-            # A page that claimed may have failed for its claims: that is the caller's to
-            # handle (claims in pages go off for a while); its next page claims nothing.
+            if asked and aside is not None and one_rows_doing(e):
+                # A page that claimed failed with an error a row can cause: the same page again
+                # without claims says whose it is. If that one fails too, the row's (bisected
+                # below, as ever); if it runs, the claims' (the caller turns them off a while).
+                # Either way the pass goes on: a reminder tried again after being set aside
+                # cost a failed pass and three lines each time.
+                failed, suspect = True, e
+                continue
+            suspect = None
+            # A page that claimed may have failed for its claims in another way: that is the
+            # caller's to handle (claims in pages go off for a while).
             if aside is None or asked or not one_rows_doing(e):
                 raise
             failed = True
@@ -293,14 +312,19 @@ async def run_once(
             if culprit is None or not await _page_of_none_runs(conn, coordinate, cutoff, origin):
                 # No reminder to blame, or a page of none fails too: the page, not a row.
                 raise
+            again = aside.tried(culprit.id)
             wait = aside.add(culprit.id, time.monotonic())
             set_aside += 1
-            log.error(
-                "a page failed on reminder %s (%s/%s); it is left out of pages for %.0fs, "
+            # An error the first time (someone must fix or delete the row), a warning each time
+            # it is tried again and fails again: one line a try.
+            log.log(
+                logging.WARNING if again else logging.ERROR,
+                "a page failed on reminder %s (%s/%s)%s; it is left out of pages for %.0fs, "
                 "the others go on: %s",
                 culprit.id,
                 culprit.source,
                 culprit.business_key,
+                " again" if again else "",
                 wait,
                 e,
                 extra={
@@ -321,6 +345,8 @@ async def run_once(
             await anyio.lowlevel.checkpoint()
         if page is None:
             return None
+        if suspect is not None:
+            claims_failed, suspect = f"{type(suspect).__name__}: {suspect}".strip(), None
         cutoff = page.cutoff
         if turn is not None:
             turn.source = page.turn_source
@@ -397,6 +423,7 @@ async def run_once(
         set_aside,
         cut_short,
         recorded,
+        claims_failed,
     )
 
 
@@ -513,6 +540,14 @@ class Materialiser:
                     extra={"error_class": type(e).__name__},
                 )
             raise
+        if res is not None and res.claims_failed is not None:
+            self._claims_off_until = time.monotonic() + CLAIMS_OFF_AFTER_FAILURE
+            log.warning(
+                "a page with claims failed, and ran without them; claiming in pages is off for "
+                "%.0fs: %s",
+                CLAIMS_OFF_AFTER_FAILURE,
+                res.claims_failed,
+            )
         locked, busy = self.stalls.result(res, time.monotonic())
         m.materialiser_locked.set(locked)
         m.materialiser_busy.set(busy)

@@ -55,11 +55,16 @@ class Retention:
         self.locked_since: float | None = None
 
     async def run_once(
-        self, conn: AsyncConnection[Any], progress: Callable[[], None] | None = None
+        self,
+        conn: AsyncConnection[Any],
+        progress: Callable[[], None] | None = None,
+        *,
+        summary: bool = True,
     ) -> RetentionResult:
         """One pass over everything past its keep, batch by batch (each its own transaction).
         ``progress`` is called after every batch that completed (health: a long pass over a large
-        backlog is not a stuck one)."""
+        backlog is not a stuck one). ``summary``: log what the pass did (`pgwork cleanup` says it
+        itself, once)."""
         t0 = time.monotonic()
         now = await store.db_now(conn)
         done_before = now - timedelta(seconds=self.policy.keep)
@@ -155,7 +160,7 @@ class Retention:
         if not paused and not stalled:
             await store.retention_record_pass(conn, deleted=deleted)
         duration = time.monotonic() - t0
-        if deleted or (timeouts and not stalled):
+        if summary and (deleted or (timeouts and not stalled)):
             log.info(
                 "retention deleted %d work rows and %d ledger rows",
                 deleted,

@@ -86,12 +86,12 @@ async def index_drop_concurrently(conn: Conn, *, name: str) -> None:
 
 async def code_drop_stale(conn: Conn, *, names: list[str]) -> list[str]:
     """Drop each overload of a code function's name that this migration did not write; returns
-    the statements run."""
+    the names of the functions whose old signature went."""
     got = await _dicts(conn, "code_drop_stale", {"names": names})
     for r in got:
         # The statement the server quoted (regprocedure), for a function it found in pgwork.
         await conn.execute(cast(LiteralString, r["statement"]))
-    return [r["statement"] for r in got]
+    return [r["name"] for r in got]
 
 
 async def session_unbounded(conn: Conn) -> None:

@@ -200,7 +200,7 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true), set_config('statement
 -- code is the one definition of its functions; an overload left by an older install (a signature
 -- a commit changed within one schema version) would make every unqualified reference to the name
 -- ambiguous. Quoted by the server (regprocedure).
-SELECT format('DROP FUNCTION %%s', p.oid::regprocedure) AS statement
+SELECT format('DROP FUNCTION %%s', p.oid::regprocedure) AS statement, p.proname::text AS name
   FROM pg_proc p
  WHERE p.pronamespace = 'pgwork'::regnamespace AND p.proname = ANY (%(names)s::text[])
    AND p.xmin <> pg_current_xact_id()::xid
