@@ -98,9 +98,10 @@ class History:
 
 
 def attempts_text(attempts: int, base: int) -> str:
-    """A row's attempts as every view says them: all of them, and those since its last redrive
-    (which gave it a fresh budget) when it was redriven: ``3 (1 since its redrive)``."""
-    return f"{attempts} ({attempts - base} since its redrive)" if base else str(attempts)
+    """A row's attempts as every view says them: all of them, and, when some do not count
+    against its budget (those before a redrive, which gave it a fresh one, or refused by a
+    paused channel's 410), those that do: ``3 (1 toward max_attempts)``."""
+    return f"{attempts} ({attempts - base} toward max_attempts)" if base else str(attempts)
 
 
 def took_ms(took: timedelta | None) -> str | None:

@@ -333,6 +333,17 @@ async def test_410_pauses_the_channel_instead_of_dead_lettering(
                 lambda: _metric(d, "pgwork_channel_paused", {"channel": "hook"}, 0),
                 what="paused metric cleared",
             )
+    # Issue 68: the 410 was uncounted by taking its attempt back, so its retry carried the same
+    # number: a receiver saw "attempt": 2 twice. It is an attempt (its number is not used
+    # again) that does not count against the budget.
+    seen: dict[str, list[int]] = {}
+    for r in receiver.requests:
+        seen.setdefault(r.key, []).append(r.body["attempt"])
+    assert all(len(v) == len(set(v)) for v in seen.values()), seen
+    assert any(v == [1, 2] for v in seen.values()), seen
+    refused = await rows(conn, "SELECT attempts, attempts_base FROM pgwork.renewal_work "
+                               "WHERE attempts = 2")  # fmt: skip
+    assert refused and all(r["attempts_base"] == 1 for r in refused), refused
 
 
 async def _paused(conn: psycopg.AsyncConnection[Any]) -> bool:
@@ -567,11 +578,16 @@ async def test_an_attempt_that_paused_the_channel_does_not_spend_the_budget(
         async with running(config(webhook_channel(receiver.url, max_attempts=2)), dsn):
             await until(lambda: _paused(conn), what="channel paused by 410")
             await until(lambda: _claimed_at_most(conn, 0), what="the row given back")
-            (w,) = await rows(conn, "SELECT status, attempts FROM pgwork.renewal_work")
-            assert w == {"status": "ready", "attempts": 1}  # the 410 was not counted
+            (w,) = await rows(
+                conn, "SELECT status, attempts, attempts_base FROM pgwork.renewal_work"
+            )
+            # The 410 is an attempt (issue 68: its number is not given to the next request),
+            # not counted against the budget.
+            assert w == {"status": "ready", "attempts": 2, "attempts_base": 1}
             await conn.execute("SELECT pgwork.resume_channel('hook', 'ops')")
             await until(lambda: settled(conn, 1), what="settled after resume")
         assert len(receiver.requests) == 3
+        assert [r.body["attempt"] for r in receiver.requests] == [1, 2, 3]
     (w,) = await rows(conn, "SELECT status FROM pgwork.renewal_work")
     assert w["status"] == "delivered"
 

@@ -421,15 +421,21 @@ def test_clock_maps_monotonic_time() -> None:
 async def test_status_marks_gone_daemons_and_heartbeats_forget_them(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
+    # Killed with their listener up: its last heartbeat said so (issue 68: a GONE daemon showed
+    # its listener up, in status and its JSON).
     await conn.execute(
-        "INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_at, heartbeat_every) VALUES "
-        "('recent-gone', 'h', 1, 'x', now() - interval '2 minutes', '20 seconds'), "
-        "('long-gone', 'h', 2, 'x', now() - interval '2 hours', '20 seconds')"
+        "INSERT INTO pgwork.daemon (id, host, pid, version, heartbeat_at, heartbeat_every, "
+        "listener_up) VALUES "
+        "('recent-gone', 'h', 1, 'x', now() - interval '2 minutes', '20 seconds', true), "
+        "('long-gone', 'h', 2, 'x', now() - interval '2 hours', '20 seconds', true)"
     )
     st = await anyio.to_thread.run_sync(lambda: pgwork("status", dsn=dsn))
     assert st.returncode == 0, st.stderr
-    gone = [ln.split()[0] for ln in st.stdout.splitlines() if "GONE" in ln]
-    assert sorted(gone) == ["long-gone", "recent-gone"], st.stdout
+    gone = [ln.split() for ln in st.stdout.splitlines() if "GONE" in ln]
+    assert sorted(g[0] for g in gone) == ["long-gone", "recent-gone"], st.stdout
+    assert not any("True" in g for g in gone), st.stdout
+    doc = await anyio.to_thread.run_sync(lambda: pgwork("status", "--json", dsn=dsn))
+    assert [d["listener_up"] for d in json.loads(doc.stdout)["daemons"]] == [False, False]
     async with running(config(lease=0.6), dsn):
         await until(lambda: _daemons(conn, {"recent-gone"}), what="the long-gone daemon forgotten")
 

@@ -1038,6 +1038,6 @@ async def test_the_pages_name_each_rows_state_and_say_when_a_list_is_empty(
     assert 'href="/channel/test?status=waiting">1</a>' in overview, overview
     assert "ready, not yet due" in channel, channel
     assert "PAUSED" in retrying and "receiver upgrade" in retrying and " ago)" not in retrying
-    assert "2 (1 since its redrive)" in dead, dead
+    assert "2 (1 toward max_attempts)" in dead, dead
     assert "No dead letters match." in none and "<tbody></tbody>" not in none
     assert "Nothing waits for a retry on log." in quiet and "<tbody></tbody>" not in quiet

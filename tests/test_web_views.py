@@ -76,12 +76,12 @@ async def test_a_redriven_dead_letters_attempts_read_the_same_everywhere(
     dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """Issue 68, item 5: a dead letter redriven once and dead again showed 2 attempts in `dlq
-    list` and `dlq show` and 1 on the web pages. Each says both: 2 (1 since its redrive)."""
+    list` and `dlq show` and 1 on the web pages. Each says both: 2 (1 toward max_attempts)."""
     await _made(dsn, conn, ("twice", "now() - interval '1 minute'"))
     await _dead(conn, attempts=2, base=1)
     (w,) = await rows(conn, "SELECT id FROM pgwork.renewal_work")
     said = attempts_text(2, 1)
-    assert said == "2 (1 since its redrive)"
+    assert said == "2 (1 toward max_attempts)"
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
         dead = await views.dead(c, views.DeadFilter(), since=None, before=None)
         work = await views.work(c, w["id"])

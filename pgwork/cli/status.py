@@ -140,7 +140,11 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
                 {
                     **d,
                     "state": "GONE" if d["gone"] else "running",
-                    "listener_up": "off" if d["listener_up"] is None else d["listener_up"],
+                    "listener_up": "-"
+                    if d["gone"]
+                    else "off"
+                    if d["listener_up"] is None
+                    else d["listener_up"],
                 }
                 for d in st["daemons"]
             ]

@@ -5,6 +5,7 @@ policy) and hand it to the outcome writer; and the reaper that ends an attempt p
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, NamedTuple
 
@@ -158,6 +159,11 @@ class Workers:
             )
         # The row stays at hand until its outcome is durable: the settling counts and logs it.
         self._awaiting_outcome[row.id, row.lease] = (row, elapsed)
+        if isinstance(outcome, Retry) and outcome.pause is not None:
+            # The receiver is gone (a 410): start nothing more here at once, not once the
+            # outcome is durable (a fast receiver got several more requests meanwhile); the
+            # settling and the gate's read then hold the channel as the database says.
+            self.state.gate.hold(math.inf)
         self.writer.submit(Record.of(row, self.name, outcome, decided, t0, t1))
         if self.state.capacity.delivered(elapsed):
             self.state.waker.wake("slot")

@@ -175,8 +175,11 @@ UPDATE pgwork.renewal_work w
 DELETE FROM pgwork.channel c WHERE c.name = %(channel)s
 
 -- name: daemons
--- A daemon silent for more than three heartbeat intervals is shown as gone.
-SELECT id, host, pid, version, started_at, heartbeat_at, listener_up, metrics_at,
+-- A daemon silent for more than three heartbeat intervals is shown as gone, and its listener
+-- as down (its row kept what its last heartbeat said: "up", for a daemon killed since).
+SELECT id, host, pid, version, started_at, heartbeat_at,
+       CASE WHEN heartbeat_at < now() - 3 * heartbeat_every THEN false ELSE listener_up END AS listener_up,
+       metrics_at,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds,
        heartbeat_at < now() - 3 * heartbeat_every AS gone
   FROM pgwork.daemon ORDER BY started_at

@@ -79,8 +79,11 @@ WITH o AS (
        SET status = o.status,
            lease = h.lease,
            -- An attempt that paused the channel (a 410) is the channel's failure, not the
-           -- occurrence's: it does not spend the row's budget (its ledger row stays).
-           attempts = h.attempts - (o.pause IS NOT NULL AND o.status = 'ready')::int,
+           -- occurrence's: it counts as an attempt (its number goes to no other request: a
+           -- receiver never sees one twice) but not against the row's budget, which counts from
+           -- attempts_base (as a redrive's fresh budget does).
+           attempts = h.attempts,
+           attempts_base = w.attempts_base + (o.pause IS NOT NULL AND o.status = 'ready')::int,
            claimed_at = h.claimed_at, claimed_by = h.claimed_by,
            available_at = CASE WHEN o.status = 'ready' THEN now() + make_interval(secs => o.retry_after) ELSE w.available_at END,
            -- A retry goes where its reminder points now: an app that moved the reminder to
