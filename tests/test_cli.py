@@ -404,11 +404,11 @@ async def test_cleanup_with_only_its_retention_dsn_touches_no_other_database(
 
     await seed(conn, 3, "delivered", "40 days")
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGWORK_"))}
-    r = subprocess.run(
+    r = await anyio.to_thread.run_sync(lambda: subprocess.run(
         [sys.executable, "-m", "pgwork", "cleanup", "--once"],
         capture_output=True, text=True, env={**e, "PGWORK_RETENTION_DSN": dsn}, cwd=tmp_path,
         timeout=60,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert r.returncode == 0 and "deleted 3 work rows" in r.stdout, r.stdout + r.stderr
     assert not (tmp_path / ".pgwork").exists()
     # Off a terminal its logs are JSON lines, and so is its summary: one format for a journal.
