@@ -17,12 +17,16 @@ from .world import NemesisServer, Record, World, describe, lateness
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-#: Seeds run by every `make test` (about three minutes): each was seen failing on main at
-#: dfd1b96, before issue 67's fixes, but the last two, which keep a schedule of each family
-#: with many edits in the set (bench/README.md, "The nemesis", has the runs that chose them).
+#: Seeds run by every `make test` (a minute and a half), each seen failing on main at dfd1b96
+#: (bench/README.md, "The nemesis", has the run that found them) and passing since: a killed
+#: migrate's request left standing (401204858), its pid reused by another session (146944672),
+#: a send moved off a channel while dead and redriven there (737727260), an occurrence sent after
+#: an edit closed it while it waited for its retry (1663569666), other apps' reminders made
+#: after a flood (1585082067: 50,000 over 20 sources at a look-ahead of 0; 238786888: 200,000 of
+#: one source). A change to the generator changes what a seed makes: check them again then.
 SEEDS = {
-    "faults": [110, 122, 107],
-    "load": [],
+    "faults": [401204858, 146944672, 737727260, 1663569666],
+    "load": [1585082067, 238786888],
 }
 
 
@@ -42,7 +46,7 @@ def _explain(rec: Record) -> str:
 async def test_a_fixed_seed_keeps_every_promise(
     family: str, seed: int, nemesis: NemesisServer, tmp_path: Path
 ) -> None:
-    rec = await World(generate(seed, family, big=False), nemesis, tmp_path).run()
+    rec = await World(generate(seed, family), nemesis, tmp_path).run()
     assert rec.violations == [], _explain(rec)
 
 
