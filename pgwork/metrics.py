@@ -259,7 +259,20 @@ class Metrics:
             "pgwork_source_lag_seconds",
             "pgwork_lag_seconds per source (app): its oldest overdue occurrence, materialised or "
             "not; a series for each late source, the most overdue metrics.source_lag_series (20) "
-            "at most.",
+            "at most; paused: that occurrence's channel is paused.",
+            "source",
+            "paused",
+        )
+        self.channel_lag = gauge(
+            "pgwork_channel_lag_seconds",
+            "Per channel, how late its oldest overdue live row is (0 when none); paused: the "
+            "channel is paused.",
+            "channel",
+            "paused",
+        )
+        self.source_dead = gauge(
+            "pgwork_source_dead_letters",
+            "Dead letters per source: the metrics.source_lag_series sources with the most.",
             "source",
         )
         self.oldest_ready = gauge(

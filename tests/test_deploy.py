@@ -80,7 +80,28 @@ def test_alert_rules_check() -> None:
         timeout=60,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 8 rules found" in r.stdout
+    assert "SUCCESS: 10 rules found" in r.stdout
+
+
+def test_each_alert_rule_fires_on_what_it_is_for_and_not_on_the_rest() -> None:
+    """Issue 68: the rules were checked for syntax only, and a deliberate pause paged (the lag
+    alerts had no channel or paused label; the dead-letter alert was global).
+    prometheus/pgwork.rules.test.yml gives each rule series that should fire it and series that
+    should not, with the labels and texts an operator gets: a late source pages, a late source
+    on a paused channel is a ticket, per channel the same, dead letters per channel and source."""
+    promtool = _tool("promtool")
+    r = subprocess.run(
+        [promtool, "test", "rules", str(ROOT / "prometheus" / "pgwork.rules.test.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    rules = re.findall(r"- alert: (\w+)", (ROOT / "prometheus" / "pgwork.rules.yml").read_text())
+    tested = set(
+        re.findall(r"alertname: (\w+)", (ROOT / "prometheus" / "pgwork.rules.test.yml").read_text())
+    )
+    assert set(rules) <= tested, set(rules) - tested
 
 
 def test_every_metric_in_the_rules_exists() -> None:
@@ -102,7 +123,7 @@ def test_every_alert_has_a_runbook_section() -> None:
     """docs/runbook.md answers each alert of the rules, in their order, and nothing else."""
     alerts = re.findall(r"- alert: (\w+)", (ROOT / "prometheus" / "pgwork.rules.yml").read_text())
     sections = re.findall(r"^## (\w+)$", (ROOT / "docs" / "runbook.md").read_text(), re.M)
-    assert len(alerts) == 8
+    assert len(alerts) == 10
     assert sections == alerts
 
 

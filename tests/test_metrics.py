@@ -91,3 +91,47 @@ async def test_the_per_source_lag_family_is_the_most_overdue_sources_only(dsn: s
     assert len(names) == 20, len(names)
     assert set(names) == {f"app{n:04d}" for n in range(2981, 3001)}  # the most overdue
     assert all(s.value >= 2980 for s in family.samples)
+
+
+@pytest.mark.anyio
+async def test_a_paused_channels_lag_is_labelled_and_dead_letters_are_counted_by_source(
+    dsn: str,
+) -> None:
+    """Issue 68 (alerts): a deliberate pause must not page like a fault. The lag of work waiting
+    on a paused channel carries paused="true" per source and per channel, a running channel's
+    paused="false"; dead letters are counted per source, the most first."""
+    import psycopg
+
+    from pgwork.duties import gauges
+
+    from .helpers import add, materialise, sync_queue
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        await add(c, "held", "now() - interval '5 minutes'", source="shop", channel="hook")
+        await add(c, "late", "now() - interval '2 minutes'", source="crm", channel="log")
+        await add(c, "ahead", "now() + interval '1 day'", source="crm", channel="test")
+        for i in range(3):
+            await add(c, f"d{i}", "now() - interval '1 hour'", source="billing", channel="test")
+        await add(c, "d-shop", "now() - interval '1 hour'", source="shop", channel="test")
+        await materialise(dsn)
+        await c.execute(
+            "UPDATE pgwork.renewal_work SET status = 'dead', finished_at = now(), attempts = 1, "
+            "lease = 1, dead_reason = 'permanent failure' WHERE business_key LIKE 'd%%'"
+        )
+        await sync_queue(c)
+        await c.execute("SELECT pgwork.pause_channel('hook', 'receiver upgrade', 'test')")
+        reading = await gauges.read(c, 20)
+    m = Metrics()
+    gauges.publish(m, reading)
+
+    def series(name: str) -> dict[tuple[str, ...], float]:
+        (family,) = [f for f in m.registry.collect() if f.name == name]
+        return {tuple(s.labels.values()): s.value for s in family.samples}
+
+    by_source = series("pgwork_source_lag_seconds")
+    assert set(by_source) == {("shop", "true"), ("crm", "false")}, by_source
+    assert by_source[("shop", "true")] >= 300 and 120 <= by_source[("crm", "false")] < 300
+    by_channel = series("pgwork_channel_lag_seconds")
+    assert set(by_channel) == {("hook", "true"), ("log", "false"), ("test", "false")}
+    assert by_channel[("hook", "true")] >= 300 and by_channel[("test", "false")] == 0
+    assert series("pgwork_source_dead_letters") == {("billing",): 3, ("shop",): 1}

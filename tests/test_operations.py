@@ -94,7 +94,7 @@ async def test_metrics_endpoint_after_known_events(
         assert sample(m, "pgwork_work_rows", channel=channel, status=status) == expected
     assert sample(m, "pgwork_gauge_refresh_seconds") is not None
     assert (sample(m, "pgwork_lag_seconds") or 0) >= 60  # the 'hook' row has waited a minute
-    assert (sample(m, "pgwork_source_lag_seconds", source="test") or 0) >= 60
+    assert (sample(m, "pgwork_source_lag_seconds", source="test", paused="false") or 0) >= 60
     assert sample(m, "pgwork_listener_up") == 1
     assert abs((sample(m, "pgwork_materialiser_cutoff_timestamp_seconds") or 0) - time.time()) < 30
     assert sample(m, "pgwork_table_dead_tuples", table="renewal_work") is not None

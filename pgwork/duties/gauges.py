@@ -29,6 +29,8 @@ class Reading:
     channels: list[store.ChannelState]
     #: How long the reading took, seconds.
     took: float
+    channel_lag: list[store.ChannelLag] = field(default_factory=list)
+    dead_by_source: list[store.SourceDead] = field(default_factory=list)
 
     @property
     def dead_letters(self) -> int:
@@ -47,7 +49,12 @@ async def read(conn: AsyncConnection[Any], sources_shown: int) -> Reading:
     xmin = await store.xmin_horizon(conn)
     retention = await store.retention_state(conn)
     channels = await store.channel_states(conn)
-    return Reading(lag, sources, states, tables, xmin, retention, channels, time.monotonic() - t0)
+    by_channel = await store.channel_lag(conn)
+    dead = await store.dead_by_source(conn, limit=sources_shown)
+    return Reading(
+        lag, sources, states, tables, xmin, retention, channels, time.monotonic() - t0,
+        by_channel, dead,
+    )  # fmt: skip
 
 
 def publish(m: Metrics, r: Reading) -> None:
@@ -56,7 +63,13 @@ def publish(m: Metrics, r: Reading) -> None:
     m.oldest_ready.set(r.lag.oldest_ready_seconds)
     m.source_lag.clear()
     for src in r.sources:
-        m.source_lag.labels(src.source).set(src.lag_seconds)
+        m.source_lag.labels(src.source, _flag(src.paused)).set(src.lag_seconds)
+    m.channel_lag.clear()
+    for cl in r.channel_lag:
+        m.channel_lag.labels(cl.channel, _flag(cl.paused)).set(cl.lag_seconds)
+    m.source_dead.clear()
+    for d in r.dead_by_source:
+        m.source_dead.labels(d.source).set(d.n)
     m.work_rows.clear()
     for s in r.states:
         m.work_rows.labels(s.channel, s.status).set(s.n)
@@ -74,6 +87,10 @@ def publish(m: Metrics, r: Reading) -> None:
         m.channel_paused.labels(c.name).set(1 if c.paused else 0)
         m.channel_throttled.labels(c.name).set(1 if c.throttled else 0)
         m.channel_claimed.labels(c.name).set(c.claimed)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def _listener_word(up: bool | None) -> str:

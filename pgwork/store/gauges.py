@@ -45,6 +45,8 @@ class SourceLag:
     #: Its oldest due occurrence has no work row yet (no daemon, the materialiser behind, or the
     #: reminder set aside).
     unmaterialised: bool
+    #: That occurrence's channel is paused (late_sources only; lag_by_source says False).
+    paused: bool = False
 
 
 async def lag_by_source(conn: Conn) -> list[SourceLag]:
@@ -55,6 +57,29 @@ async def lag_by_source(conn: Conn) -> list[SourceLag]:
 async def late_sources(conn: Conn, *, limit: int) -> list[SourceLag]:
     """The ``limit`` most overdue sources, latest first (a bounded read: see the statement)."""
     return await _rows(conn, "late_sources", SourceLag, {"limit": limit})
+
+
+@dataclass(frozen=True)
+class ChannelLag:
+    channel: str
+    paused: bool
+    lag_seconds: float
+
+
+async def channel_lag(conn: Conn) -> list[ChannelLag]:
+    """Per channel, how late its oldest overdue live row is."""
+    return await _rows(conn, "channel_lag", ChannelLag)
+
+
+@dataclass(frozen=True)
+class SourceDead:
+    source: str
+    n: int
+
+
+async def dead_by_source(conn: Conn, *, limit: int) -> list[SourceDead]:
+    """The ``limit`` sources with the most dead letters."""
+    return await _rows(conn, "dead_by_source", SourceDead, {"limit": limit})
 
 
 async def oldest_overdue_channel(conn: Conn) -> str | None:

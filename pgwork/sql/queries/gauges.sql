@@ -76,24 +76,52 @@ SELECT coalesce(u.source, l.source) AS source,
 -- from the live rows due (bounded by the live rows, as lag) and from the due reminders not
 -- made yet, read in due order, at most 1,000 of them (a longer backlog of unmade reminders is
 -- the materialiser's, which lag's unmaterialised part shows). Latest first; late ones only.
+-- paused: the channel of the source's oldest overdue occurrence is paused (a deliberate pause,
+-- which an alert's routing may tell from a fault).
 WITH unmade AS (
-    SELECT d.source, min(d.at) AS due_at
-      FROM (SELECT r.source, coalesce(r.next_fire_at, r.due_at) AS at
+    SELECT DISTINCT ON (d.source) d.source, d.at AS due_at, d.channel
+      FROM (SELECT r.source, r.channel, coalesce(r.next_fire_at, r.due_at) AS at, r.id
               FROM pgwork.reminder r
              WHERE (r.next_fire_at IS NULL OR r.next_fire_at < 'infinity')
                AND coalesce(r.next_fire_at, r.due_at) <= now()
              ORDER BY coalesce(r.next_fire_at, r.due_at), r.id
              LIMIT 1000) AS d
-     GROUP BY d.source
+     ORDER BY d.source, d.at, d.id
 ), live AS (
-    SELECT w.source, min(w.due_at) AS due_at FROM pgwork.live_work(NULL) w
-     WHERE w.due_at <= now() GROUP BY w.source
+    SELECT DISTINCT ON (w.source) w.source, w.due_at, w.channel
+      FROM pgwork.live_work(NULL) w
+     WHERE w.due_at <= now()
+     ORDER BY w.source, w.due_at
+), late AS (
+    SELECT coalesce(u.source, l.source) AS source,
+           greatest(extract(epoch FROM now() - least(l.due_at, u.due_at)), 0)::float8 AS lag_seconds,
+           coalesce(u.due_at < coalesce(l.due_at, 'infinity'), false) AS unmaterialised,
+           CASE WHEN u.due_at < coalesce(l.due_at, 'infinity') THEN u.channel ELSE l.channel END AS channel
+      FROM unmade u FULL JOIN live l ON l.source = u.source
 )
-SELECT coalesce(u.source, l.source) AS source,
-       greatest(extract(epoch FROM now() - least(l.due_at, u.due_at)), 0)::float8 AS lag_seconds,
-       coalesce(u.due_at < coalesce(l.due_at, 'infinity'), false) AS unmaterialised
-  FROM unmade u FULL JOIN live l ON l.source = u.source
- ORDER BY lag_seconds DESC, source
+SELECT t.source, t.lag_seconds, t.unmaterialised,
+       coalesce((SELECT c.paused FROM pgwork.channel c WHERE c.name = t.channel), false) AS paused
+  FROM late t
+ ORDER BY t.lag_seconds DESC, t.source
+ LIMIT %(limit)s
+
+-- name: channel_lag
+-- Per channel, how late its oldest overdue live row is (0: none), and whether it is paused:
+-- its live rows only (the materialiser's backlog is lag's unmaterialised part).
+SELECT c.name AS channel, c.paused,
+       coalesce(greatest(extract(epoch FROM now() - w.due_at), 0), 0)::float8 AS lag_seconds
+  FROM pgwork.channel c
+  LEFT JOIN LATERAL (SELECT min(x.due_at) AS due_at FROM pgwork.live_work(c.name) x
+                      WHERE x.due_at <= now()) w ON true
+ ORDER BY c.name
+
+-- name: dead_by_source
+-- The %(limit)s sources with the most dead letters, from the dead letters' index.
+SELECT w.source, count(*) AS n
+  FROM pgwork.renewal_work w
+ WHERE w.status = 'dead'
+ GROUP BY w.source
+ ORDER BY n DESC, w.source
  LIMIT %(limit)s
 
 -- name: oldest_overdue_channel
