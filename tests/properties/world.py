@@ -684,9 +684,11 @@ class World:
                         "WHERE migration_requested_at IS NOT NULL"
                     )
                 else:
+                    # The migrate names its session `pgwork migrate <token>` once it claims
+                    # the migration (it starts as 'pgwork nemesis migrate').
                     cur = await app.execute(
-                        "SELECT pid FROM pg_stat_activity WHERE application_name = "
-                        "'pgwork nemesis migrate' AND query LIKE '%%pg_sleep%%' "
+                        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE "
+                        "'pgwork%%migrate%%' AND query LIKE '%%pg_sleep%%' "
                         "AND state = 'active'"
                     )
                 row = await cur.fetchone()
@@ -694,8 +696,14 @@ class World:
                     self._migrate_pid = int(row[0])
                     break
                 await anyio.sleep(0.02)
+        finished = self._migrate.poll() is not None
         self._migrate.send_signal(signal.SIGKILL)
         await anyio.to_thread.run_sync(lambda: self._migrate and self._migrate.wait(10))
+        if finished:
+            # Not pgwork's fault: the next version is installed and the daemons rightly refuse it.
+            raise AssertionError(
+                "harness: the next-version migrate finished before it was killed at its step"
+            )
         self._migrate_killed_at = time.time()
         if self._migrate_pid is None:
             self.rec.notes.append("the migrate was killed before it reached its step")
