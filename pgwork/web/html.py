@@ -33,7 +33,8 @@ from .views import (
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
 header{background:#24292f;color:#fff;padding:.6em 1.2em}header a{color:#fff;margin-right:1.2em}
-main{padding:1em 1.2em}table{border-collapse:collapse;background:#fff;margin:.5em 0 1.5em}
+main{padding:1em 1.2em}table{border-collapse:collapse;background:#fff;margin:.5em 0 1.5em;
+display:block;max-width:100%;overflow-x:auto}
 th,td{border:1px solid #d0d7de;padding:.3em .6em;text-align:left;vertical-align:top}
 th{background:#f0f3f6}.bad{color:#b42318;font-weight:600}.ok{color:#1a7f37}
 .note{color:#57606a}form.inline{display:inline}code{font-size:13px}
@@ -158,6 +159,7 @@ def page(ctx: Ctx, title: str, body: str, refresh: int | None = None) -> str:
         who = sign_in_form(ctx)
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
         + (
             f'<meta http-equiv="refresh" content="{refresh}">'
             if refresh and not ctx.no_refresh
@@ -180,7 +182,8 @@ def sign_in_form(ctx: Ctx) -> str:
         f'<form class="inline" method="post" action="/login">'
         f'<input type="hidden" name="csrf" value="{e(ctx.csrf)}">'
         f'<input type="hidden" name="next" value="{e(ctx.here)}">'
-        f'<input type="password" name="token" placeholder="web.token" required> '
+        f'<input type="password" name="token" placeholder="web.token" aria-label="web.token" '
+        "required> "
         f"<button>sign in for actions</button></form>"
     )
 
@@ -206,7 +209,11 @@ def action_form(
     """A signed-in operator's button for ``path`` (nothing otherwise)."""
     if not ctx.signed_in:
         return ""
-    extra = '<input name="reason" placeholder="reason" maxlength="200"> ' if reason else ""
+    extra = (
+        '<input name="reason" placeholder="reason" aria-label="reason" maxlength="200"> '
+        if reason
+        else ""
+    )
     more = "".join(
         f'<input type="hidden" name="{e(k)}" value="{e(v)}">'
         for k, v in (hidden or {}).items()
