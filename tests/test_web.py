@@ -729,7 +729,7 @@ async def test_the_retrying_view_and_the_channel_page_say_what_waits_and_why(
         assert "again" not in html
         _, html = await _get(s, f"{url}/channel/test")
         assert "PAUSED" in html and "receiver migration" in html and "ops@example.com" in html
-        assert re.search(r"since [^<]*\d{4}-\d\d-\d\d", html) and " ago" in html, html
+        assert re.search(r'since <time datetime="\d{4}-\d\d-\d\d[^>]*>\d+ \w+ ago<', html), html
         assert "/channel/test/resume" not in html  # signed out: no action
         await _signed_in(s, url)
         _, html = await _get(s, f"{url}/channel/test")

@@ -6,7 +6,7 @@ sign-in, CSRF, the actions, no script run."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, timedelta
 from html.parser import HTMLParser
 from typing import Any
 
@@ -251,3 +251,24 @@ def test_every_field_is_labelled_and_every_page_fits_a_narrow_screen() -> None:
     page = html.page(SIGNED_IN, "Overview", "<p>x</p>")
     assert '<meta name="viewport" content="width=device-width,initial-scale=1">' in page
     assert "overflow-x:auto" in html.STYLE
+
+
+def test_a_time_reads_as_how_long_ago_with_the_instant_on_hover() -> None:
+    """Issue 68 (any screen): a time was its full instant plus how long ago, 40 characters that
+    made a narrow table wider. It reads '3 min ago' or 'in 2 h', the instant in its title (on
+    hover) and its datetime (for machines), for instants on both sides of now at every scale."""
+    import random
+    from datetime import datetime
+
+    now = datetime(2026, 12, 7, 19, 40, tzinfo=UTC)
+    rnd = random.Random(68)
+    offsets = [0.0, 1.0, -1.0, 59.0, 60.0, 3599.0, 3600.0, 86400.0, -86400.0]
+    offsets += [rnd.uniform(-9e6, 9e6) for _ in range(300)]
+    for off in offsets:
+        t = now - timedelta(seconds=off)
+        shown = html.ago(t, now)
+        m = re.fullmatch(r'<time datetime="([^"]+)" title="([^"]+)">([^<]+)</time>', shown)
+        assert m, shown
+        assert datetime.fromisoformat(m[1]) == t and m[2] == html.e(t)
+        assert re.fullmatch(r"\d+ (s|min|h|d) ago" if off >= 0 else r"in \d+ (s|min|h|d)", m[3])
+    assert html.ago(None, now) == ""

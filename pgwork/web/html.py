@@ -101,8 +101,9 @@ def fields(pairs: Iterable[tuple[str, str]]) -> str:
 
 
 def ago(t: datetime | None, now: datetime) -> str:
-    """``t`` as escaped text with how long ago (or how soon) it is, for an operator scanning a
-    page: ``2026-12-05 17:04:04+00:00 (3 min ago)``."""
+    """How long ago (or how soon) ``t`` is, for an operator scanning a page, with the instant
+    itself on hover and for machines: ``<time datetime=… title="2026-12-05 17:04:04+00:00">3
+    min ago</time>``."""
     if t is None:
         return ""
     secs = (now - t).total_seconds()
@@ -112,7 +113,8 @@ def ago(t: datetime | None, now: datetime) -> str:
             n, unit = n / size, name
             break
     amount = f"{n:.0f} {unit}"
-    return f"{e(t)} ({amount} ago)" if secs >= 0 else f"{e(t)} (in {amount})"
+    said = f"{amount} ago" if secs >= 0 else f"in {amount}"
+    return f'<time datetime="{e(t.isoformat())}" title="{e(t)}">{said}</time>'
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:
