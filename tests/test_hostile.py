@@ -290,10 +290,16 @@ async def test_an_app_cannot_stop_materialisation_with_a_lock(
         with anyio.fail_after(5):
             res = await materialise(dsn)
         assert res.made == 1
-    # And the row lock that coordinates now is out of an app role's reach.
+    # And the table lock that coordinates now is out of an app role's reach, in every mode but
+    # ACCESS SHARE (which conflicts with neither the pages' nor retention's), and so is the row
+    # lock that coordinated before it.
     await conn.execute("CREATE ROLE lock_probe LOGIN IN ROLE pgwork_app")
     try:
         await conn.execute("SET ROLE lock_probe")
+        for mode in ("ROW SHARE", "ROW EXCLUSIVE", "SHARE", "EXCLUSIVE", "ACCESS EXCLUSIVE"):
+            with pytest.raises(errors.InsufficientPrivilege):
+                async with conn.transaction():
+                    await conn.execute(f"LOCK TABLE pgwork.materialiser_state IN {mode} MODE")
         with pytest.raises(errors.InsufficientPrivilege):
             await conn.execute("SELECT 1 FROM pgwork.materialiser_state FOR UPDATE")
     finally:

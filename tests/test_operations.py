@@ -176,9 +176,9 @@ async def test_sd_notify_ready_watchdog_stuck_loop_and_stopping(
         assert lines[0].startswith("STATUS=starting")
         assert "READY=1" in lines and lines.index("READY=1") < lines.index("WATCHDOG=1")
         assert lines.count("WATCHDOG=1") >= 4  # every half second
-        # Make the materialiser's pass hang: its evidence row is locked by a long transaction.
+        # Make the materialiser's pass hang: the reminders are locked by a long transaction.
         async with await psycopg.AsyncConnection.connect(dsn) as locker:
-            await locker.execute("LOCK TABLE pgwork.materialiser_state IN ACCESS EXCLUSIVE MODE")
+            await locker.execute("LOCK TABLE pgwork.reminder IN ACCESS EXCLUSIVE MODE")
             await anyio.to_thread.run_sync(ns.pump, 1.5)  # the next tick's pass gets stuck
             stuck = await anyio.to_thread.run_sync(ns.pump, 2.0)
             await locker.rollback()

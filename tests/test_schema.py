@@ -603,13 +603,14 @@ def test_every_named_statement_has_one_typed_function() -> None:
     from pgwork.queries import Q
 
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
-    # Run inside another function's transaction: batch_limits in
+    # Run inside another function's transaction: batch_limits and retention_lock in
     # retention_delete_batch's, commit_synchronously in materialise_page's, the retire steps in
     # channel_retire's; or one of two a function chooses (history_work, migration_request and
     # migration_clear: the legacy protocol's or the owner's row; migrate_lock: a table or, for
     # an install, an advisory key, after its wait bound).
     inner = {
         "batch_limits",
+        "retention_lock",
         "commit_synchronously",
         "channel_retire_hold",
         "channel_retire_cancel",

@@ -25,6 +25,10 @@ log = logging.getLogger("pgwork.materialiser")
 
 #: How soon to try again when another daemon holds the materialiser lock, seconds.
 BUSY_RETRY = 0.05
+#: A pass that made nothing is recorded (pgwork.materialiser_state: the cutoff and last pass
+#: `pgwork status` shows) only when the last record is older than this, so that an idle daemon
+#: does not write on every pass. The exported cutoff is every pass's own evidence.
+IDLE_RECORD_EVERY = timedelta(minutes=1)
 #: How soon to look again when a due reminder was skipped because an app holds its row lock.
 LOCKED_RETRY = 0.5
 #: A reminder locked (or a coordination lock held) longer than this is named in a warning.
@@ -388,7 +392,11 @@ async def run_once(
                 extra={"reminder_id": nxt.id, "fires_at": nxt.at.isoformat()},
             )
     recorded = await store.materialise_record_pass(
-        conn, cutoff=complete_to, made=made, duration_ms=duration * 1000
+        conn,
+        cutoff=complete_to,
+        made=made,
+        duration_ms=duration * 1000,
+        record_every=IDLE_RECORD_EVERY,
     )
     if aside is not None and aside.reported:
         aside.reported = await store.set_aside_forget(conn) > 0

@@ -26,6 +26,11 @@ from ..durations import format_duration
 from ..metrics import Metrics
 from ..supervise import Next, Supervisor
 
+#: A pass that deleted nothing is recorded (pgwork.retention_state: what status and the web page
+#: show as its last pass) only when the last record is older than this: an idle database is not
+#: written to on every pass. The daemon's own gauge (pgwork_retention_last_pass_timestamp_seconds)
+#: counts every pass.
+IDLE_RECORD_EVERY = timedelta(minutes=10)
 log = logging.getLogger("pgwork.retention")
 
 
@@ -158,7 +163,7 @@ class Retention:
             )
             self.locked_since = None
         if not paused and not stalled:
-            await store.retention_record_pass(conn, deleted=deleted)
+            await store.retention_record_pass(conn, deleted=deleted, record_every=IDLE_RECORD_EVERY)
         duration = time.monotonic() - t0
         if summary and (deleted or (timeouts and not stalled)):
             log.info(

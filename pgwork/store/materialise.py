@@ -195,13 +195,15 @@ async def next_due_reminder(
 
 
 async def materialise_record_pass(
-    conn: Conn, *, cutoff: datetime, made: int, duration_ms: float
+    conn: Conn, *, cutoff: datetime, made: int, duration_ms: float, record_every: timedelta
 ) -> datetime | None:
-    """Record a pass's evidence; returns the cutoff recorded (None: no state row)."""
+    """Record a pass's evidence (one that made nothing: only when the last record is older than
+    ``record_every``); returns the cutoff recorded, or as it would have been (None: no state
+    row)."""
     got = await _dicts(
         conn,
         "materialise_record_pass",
-        {"cutoff": cutoff, "made": made, "duration_ms": duration_ms},
+        {"cutoff": cutoff, "made": made, "duration_ms": duration_ms, "record_every": record_every},
     )
     return got[0]["last_cutoff"] if got else None
 

@@ -4,7 +4,7 @@ pause and its passes (``pgwork/sql/queries/retention.sql``), one typed function 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from psycopg.rows import (
     class_row,
@@ -57,6 +57,7 @@ async def retention_delete_batch(
     limits = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
     async with conn.pipeline(), conn.transaction():
         await conn.execute(Q["batch_limits"], limits)
+        await conn.execute(Q["retention_lock"])
         cur = conn.cursor(row_factory=class_row(Batch))
         await cur.execute(Q["retention_delete_batch"], params)
     got = await cur.fetchall()
@@ -65,8 +66,8 @@ async def retention_delete_batch(
     return got[0]
 
 
-async def retention_record_pass(conn: Conn, *, deleted: int) -> None:
-    await _exec(conn, "retention_record_pass", {"deleted": deleted})
+async def retention_record_pass(conn: Conn, *, deleted: int, record_every: timedelta) -> None:
+    await _exec(conn, "retention_record_pass", {"deleted": deleted, "record_every": record_every})
 
 
 @dataclass(frozen=True)

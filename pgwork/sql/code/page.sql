@@ -4,14 +4,17 @@
 
 -- One page of the materialiser, as two statements run here, so that the daemon sends one:
 --
--- 1. The materialiser's coordination lock: the row lock of pgwork.materialiser_state, which no
---    app role can take (locking a row needs UPDATE on its table), unlike an advisory lock, whose
---    key any session can hold. Taken in a statement of its own, before the page's: this function
---    is VOLATILE, so each statement takes a new snapshot (READ COMMITTED), and the page's is
---    younger than any retention batch that retired work rows (retention takes the same row
---    exclusively): a page can never miss a tombstone and re-insert an occurrence already sent.
---    With coordinate, only one materialiser pages at a time (the others get no row and retry
---    shortly); without (tests racing two passes), materialisers share the lock. Without the
+-- 1. The materialiser's coordination lock: a table lock on pgwork.materialiser_state, which no
+--    app role can take (any mode but ACCESS SHARE needs UPDATE, DELETE or TRUNCATE on the
+--    table), unlike an advisory lock, whose key any session can hold; and which, unlike the row
+--    lock it replaces, writes nothing (a row lock marks the row in the heap: a WAL record and a
+--    transaction id on every pass, idle or not). Taken in a statement of its own, before the
+--    page's: this function is VOLATILE, so each statement takes a new snapshot (READ COMMITTED),
+--    and the page's is younger than any retention batch that retired work rows (retention
+--    takes the table in EXCLUSIVE mode too): a page can never miss a tombstone and re-insert an
+--    occurrence already sent. With coordinate, only one materialiser pages at a time (EXCLUSIVE,
+--    without waiting: the others get no row and retry shortly); without (tests racing two
+--    passes), materialisers share the lock (SHARE mode, which waits for retention). Without the
 --    lock, the function returns no row.
 --
 -- 2. One keyset page of reminders with an occurrence firing at or before the cutoff: insert
@@ -83,9 +86,17 @@ BEGIN
                            'pgwork''s sessions too: set it to read committed for the daemon''s role';
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
-    got := CASE WHEN materialise_page.coordinate
-                THEN (SELECT true FROM pgwork.materialiser_state FOR UPDATE SKIP LOCKED) IS NOT NULL
-                ELSE (SELECT true FROM pgwork.materialiser_state FOR SHARE) IS NOT NULL END;
+    IF materialise_page.coordinate THEN
+        BEGIN
+            LOCK TABLE pgwork.materialiser_state IN EXCLUSIVE MODE NOWAIT;
+            got := true;
+        EXCEPTION WHEN lock_not_available THEN
+            got := false;
+        END;
+    ELSE
+        LOCK TABLE pgwork.materialiser_state IN SHARE MODE;
+        got := true;
+    END IF;
     IF NOT got THEN
         RETURN;
     END IF;

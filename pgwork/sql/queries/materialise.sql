@@ -78,16 +78,26 @@ SELECT set_config('synchronous_commit', 'on', true)
 -- passes less than the pass's cutoff when reminders locked by apps were skipped). Committed
 -- without waiting for the WAL flush (one statement, its own transaction): a record lost in a
 -- crash is written again by the next pass.
--- Returns the cutoff recorded (the greatest of every pass's evidence): what status shows and
--- the daemon exports, which stays put and ages while a reminder set aside holds it back.
-UPDATE pgwork.materialiser_state
-   SET last_cutoff = greatest(last_cutoff, %(cutoff)s),
-       last_pass_at = now(),
-       last_inserted = %(made)s,
-       last_duration_ms = %(duration_ms)s,
-       total_inserted = total_inserted + %(made)s
-  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-RETURNING last_cutoff
+-- A pass that made nothing is recorded only when the last record is older than
+-- %(record_every)s: an idle daemon does not write on every pass (status shows the record).
+-- Returns the cutoff as recorded, or as this pass would have recorded it (the greatest of every
+-- pass's evidence): what the daemon exports, which stays put and ages while a reminder set
+-- aside holds it back.
+WITH recorded AS (
+    UPDATE pgwork.materialiser_state
+       SET last_cutoff = greatest(last_cutoff, %(cutoff)s),
+           last_pass_at = now(),
+           last_inserted = %(made)s,
+           last_duration_ms = %(duration_ms)s,
+           total_inserted = total_inserted + %(made)s
+      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE %(made)s > 0 OR last_pass_at IS NULL OR last_pass_at < now() - %(record_every)s::interval
+    RETURNING last_cutoff
+)
+SELECT last_cutoff FROM recorded
+UNION ALL
+SELECT greatest(s.last_cutoff, %(cutoff)s) FROM pgwork.materialiser_state s
+ WHERE NOT EXISTS (SELECT FROM recorded)
 
 -- name: next_fire_at
 -- The earliest occurrence not yet materialised of a reminder not set aside, and how far it is

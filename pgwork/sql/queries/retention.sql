@@ -8,22 +8,25 @@ SELECT retention_paused AS paused FROM pgwork.config
 -- name: retention_set_paused
 UPDATE pgwork.config SET retention_paused = %(paused)s
 
+-- name: retention_lock
+-- The materialiser's coordination lock (pgwork.materialise_page), held exclusively for the rest
+-- of a batch's transaction, under the batch's lock_timeout: no page runs meanwhile, and the
+-- next one's snapshot sees the batch's tombstones. A table lock writes nothing.
+LOCK TABLE pgwork.materialiser_state IN EXCLUSIVE MODE
+
 -- name: retention_delete_batch
 -- One keyset batch of terminal work older than its keep (dead letters have their own, longer
 -- keep), deleted by primary key with its ledger rows. The terminal-status and age filters are in
 -- the DELETE itself: a row that became live again (a superseded occurrence revived) between the
 -- scan and the delete is left alone. A delivered, dead or expired occurrence of a reminder that still
 -- exists leaves a tombstone (pgwork.retired) that the materialiser honours; the batch holds the
--- materialiser's coordination lock (see materialise_lock) exclusively, so no page can run on a
--- snapshot that misses the tombstone. Series tombstones that can no longer matter are pruned
--- in the same batch.
-WITH lock AS MATERIALIZED (
-    SELECT true AS got FROM pgwork.materialiser_state FOR UPDATE
-), victims AS MATERIALIZED (
+-- materialiser's coordination lock (retention_lock, in the same transaction before it), so no
+-- page can run on a snapshot that misses the tombstone. Series tombstones that can no longer
+-- matter are pruned in the same batch.
+WITH victims AS MATERIALIZED (
     SELECT w.id, w.finished_at
       FROM pgwork.renewal_work w
-     WHERE (SELECT got FROM lock)
-       AND pgwork.is_terminal(w.status)
+     WHERE pgwork.is_terminal(w.status)
        AND w.finished_at < greatest(%(done_before)s::timestamptz, %(dead_before)s::timestamptz)
        AND (w.finished_at, w.id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s::bigint)
      ORDER BY w.finished_at, w.id
@@ -56,8 +59,7 @@ WITH lock AS MATERIALIZED (
     -- deleted, a batch's worth at a time, oldest first (retired_series_deadline).
     DELETE FROM pgwork.retired t
      WHERE t.ctid = ANY (ARRAY(SELECT o.ctid FROM pgwork.retired o
-                                WHERE (SELECT got FROM lock)
-                                  AND o.deadline_local IS NOT NULL AND o.deadline < now() - interval '2 days'
+                                WHERE o.deadline_local IS NOT NULL AND o.deadline < now() - interval '2 days'
                                 ORDER BY o.deadline
                                 LIMIT %(limit)s))
     RETURNING 1
@@ -72,8 +74,13 @@ SELECT (SELECT count(*) FROM victims) AS scanned,
   LEFT JOIN LATERAL (SELECT finished_at, id FROM victims ORDER BY finished_at DESC, id DESC LIMIT 1) l ON true
 
 -- name: retention_record_pass
+-- A pass that deleted rows is recorded; one that found nothing only when the last record is
+-- older than %(record_every)s (what status shows: an idle database is not written to on every
+-- pass).
 UPDATE pgwork.retention_state
    SET last_pass_at = now(), last_deleted = %(deleted)s, total_deleted = total_deleted + %(deleted)s
+ WHERE %(deleted)s > 0 OR last_pass_at IS NULL
+    OR last_pass_at < now() - %(record_every)s::interval
 
 -- name: retention_state
 SELECT r.last_pass_at, r.last_deleted, r.total_deleted, c.retention_paused AS paused,
