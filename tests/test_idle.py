@@ -52,12 +52,11 @@ async def test_an_idle_daemons_passes_write_nothing(
         retention=RetentionPolicy(pause=0.0),
     )
     async with running(cfg, dsn) as d:
-        await until(
-            lambda: anyio.to_thread.run_sync(
-                lambda: passes(d, "pgwork_materialiser_pass_seconds_count") >= 3
-            ),
-            what="the first passes",
-        )
+
+        async def first_passes() -> bool:
+            return passes(d, "pgwork_materialiser_pass_seconds_count") >= 3
+
+        await until(first_passes, what="the first passes")
 
         async def first_records() -> bool:
             # Each duty's first pass is recorded whatever it did (retention's first comes a
