@@ -20,16 +20,18 @@ async def watchdog(daemon: Daemon, notifier: Notifier) -> None:
     STATUS= line current."""
     timeout = notifier.watchdog_timeout
     interval = timeout / 2 if timeout else 5.0
-    complained = False
+    told: set[str] = set()  # the stuck passes already named in this episode
     while True:
         notifier.status(daemon.summary)
         if timeout:
             stuck = daemon.sup.health.stuck(timeout)
             if not stuck:
                 notifier.watchdog()
-                complained = False
-            elif not complained:
-                complained = True
+                told.clear()
+            elif not {n for n, _ in stuck} <= told:
+                # Said once an episode, and again whenever another pass joins the stuck ones,
+                # so the log names every stuck pass, not only the first to stop.
+                told |= {n for n, _ in stuck}
                 log.error(
                     "not feeding the watchdog: %s",
                     ", ".join(f"{n} stuck for {s:.0f}s" for n, s in stuck),
