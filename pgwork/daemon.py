@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import psycopg
 from anyio.abc import TaskStatus
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -35,7 +36,7 @@ from .duties.retention import RetentionDuty
 from .duties.trends import Trends
 from .metrics import Metrics, serve_metrics
 from .secrets import Secrets
-from .supervise import Supervisor
+from .supervise import Supervisor, connection_lost
 from .tracing import Tracer
 from .waker import WakerGroup
 
@@ -130,54 +131,70 @@ class Daemon:
         self.request_stop()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Wait for the database, start every duty, serve until stopped. The database lost at
+        any step of the start (after it first answered, before ready) is waited for again, as
+        at the first connection; once running, each duty rides out an outage itself."""
         try:
-
-            def waiting() -> None:
-                self._state = f"waiting for the database ({db.describe(self.dsn)})"
-
-            def waiting_for_schema(why: str) -> None:
-                self._state = why
-
-            if not await db.wait_until_reachable(
-                self.dsn,
-                timeout=self.cfg.connect_timeout,
-                stop=self._stopping,
-                on_failure=waiting,
-                on_wait=waiting_for_schema,
-                pooled=self.pooled,
-            ):
-                task_status.started()
-                return
-            channels = {n: make_channel(c) for n, c in self.cfg.channels.items()}
-            server = None
-            if self.cfg.metrics_enabled:
-                server, self.metrics_at = serve_metrics(
-                    self.metrics.registry, self.cfg.metrics_listen
-                )
-            pool = db.make_pool(
-                self.dsn,
-                self.cfg.pool_size,
-                self.cfg.connect_timeout,
-                pooled=self.pooled,
-                plan_once=True,
-            )
-            try:
-                await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
-                async with pool.connection() as conn:
-                    await check_shape(conn)  # the outcome records against pgwork.outcome
-                if not self.pooled:  # behind PgBouncer, a session is not a server connection
-                    await warm_pages(pool, self.cfg.pool_size)
-                await self._run(pool, channels, task_status)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    for ch in channels.values():
-                        await ch.aclose()
-                    await pool.close(timeout=5)
-                    if server is not None:
-                        server.shutdown()
-                        server.server_close()
+            while True:
+                try:
+                    await self._start(task_status)
+                    return
+                except Exception as e:
+                    if self.ready.is_set() or not _database_lost(e):
+                        raise
+                    self._state = f"waiting for the database ({db.describe(self.dsn)})"
+                    log.error(
+                        "the database went away while pgwork was starting; waiting for it "
+                        "again: %s",
+                        db.redact(str(_first_leaf(e))).strip(),
+                        extra={"error_class": type(_first_leaf(e)).__name__},
+                    )
         finally:
             self.finished.set()
+
+    async def _start(self, task_status: TaskStatus[None]) -> None:
+        def waiting() -> None:
+            self._state = f"waiting for the database ({db.describe(self.dsn)})"
+
+        def waiting_for_schema(why: str) -> None:
+            self._state = why
+
+        if not await db.wait_until_reachable(
+            self.dsn,
+            timeout=self.cfg.connect_timeout,
+            stop=self._stopping,
+            on_failure=waiting,
+            on_wait=waiting_for_schema,
+            pooled=self.pooled,
+        ):
+            task_status.started()
+            return
+        channels = {n: make_channel(c) for n, c in self.cfg.channels.items()}
+        server = None
+        if self.cfg.metrics_enabled:
+            server, self.metrics_at = serve_metrics(self.metrics.registry, self.cfg.metrics_listen)
+        pool = db.make_pool(
+            self.dsn,
+            self.cfg.pool_size,
+            self.cfg.connect_timeout,
+            pooled=self.pooled,
+            plan_once=True,
+        )
+        try:
+            await pool.open(wait=True, timeout=self.cfg.connect_timeout * 4)
+            async with pool.connection() as conn:
+                await check_shape(conn)  # the outcome records against pgwork.outcome
+            if not self.pooled:  # behind PgBouncer, a session is not a server connection
+                await warm_pages(pool, self.cfg.pool_size)
+            await self._run(pool, channels, task_status)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for ch in channels.values():
+                    await ch.aclose()
+                await pool.close(timeout=5)
+                if server is not None:
+                    server.shutdown()
+                    server.server_close()
 
     async def _run(
         self, pool: Pool, channels: dict[str, Channel], task_status: TaskStatus[None]
@@ -309,6 +326,22 @@ class Daemon:
             await trends.last_write()
             duties.cancel_scope.cancel()
         log.info("pgwork stopped", extra={"daemon_id": self.daemon_id})
+
+
+def _database_lost(e: BaseException) -> bool:
+    """Every error under ``e`` (a task group's, leaf by leaf) is the database not answering,
+    and none is an answer that will not change (a database or role that does not exist, …)."""
+    if isinstance(e, BaseExceptionGroup):
+        return all(_database_lost(x) for x in e.exceptions)
+    return connection_lost(e) and not (
+        isinstance(e, psycopg.OperationalError) and db.refused_for_good(e)
+    )
+
+
+def _first_leaf(e: BaseException) -> BaseException:
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e
 
 
 async def _who_holds(pool: Any) -> str:

@@ -18,6 +18,11 @@ class Proxy:
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        #: Chunks the clients have sent so far (about one per statement or pipeline).
+        self.sent = 0
+        #: Cut (as `cut`) when the clients send their ``cut_at``-th chunk, before it arrives.
+        self.cut_at: int | None = None
+        self.was_cut = threading.Event()
 
     def start(self) -> None:
         ls = socket.socket()
@@ -46,13 +51,22 @@ class Proxy:
                     server.close()
                     continue
                 self._conns += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, up in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(a, b, up), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
         try:
             while data := src.recv(65536):
+                if up:
+                    with self._lock:
+                        self.sent += 1
+                        hit = self.sent == self.cut_at
+                        if hit:
+                            self.was_cut.set()
+                            conns = self._detach()
+                    if hit:
+                        self._break(conns)
+                        return
                 dst.sendall(data)
         except OSError:
             pass
@@ -61,13 +75,29 @@ class Proxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
 
+    def disarm(self) -> bool:
+        """No cut at ``cut_at`` from now on; whether it happened already."""
+        with self._lock:
+            self.cut_at = None
+            return self.was_cut.is_set()
+
     def cut(self) -> None:
         """Refuse new connections and break every open one."""
         with self._lock:
-            if self._listener is not None:
-                self._listener.close()
-                self._listener = None
-            conns, self._conns = self._conns, []
+            conns = self._detach()
+        self._break(conns)
+
+    def _detach(self) -> list[socket.socket]:
+        if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes the accepting thread (Linux)
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        conns, self._conns = self._conns, []
+        return conns
+
+    @staticmethod
+    def _break(conns: list[socket.socket]) -> None:
         for s in conns:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)

@@ -4,6 +4,9 @@ loses nothing."""
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -131,3 +134,63 @@ async def test_an_apps_table_lock_is_said_once_per_duty_naming_its_holder(
     assert not any("answers again" in x for x in lines), lines
     assert not any(r.exc_info for r in said), lines
     assert len(lines) <= 10, "\n".join(lines)
+
+
+def _cut_or_ready(proxy: Proxy, daemon: Daemon) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return proxy.was_cut.is_set() or daemon.ready.is_set()
+
+    return check
+
+
+async def _start_sends(dsn: str) -> int:
+    """How many chunks (about one per statement) a daemon's start sends until it is ready."""
+    d = conninfo_to_dict(dsn)
+    with Proxy(str(d["host"]), int(str(d["port"]))) as proxy:
+        async with running(config(connect_timeout=1.0), _via(dsn, proxy)):
+            return proxy.sent
+
+
+@pytest.mark.slow
+async def test_the_database_lost_at_any_step_of_the_start(
+    dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Issue 67, the nemesis's seed 112925115: the database stopped while a daemon was starting,
+    after it had first answered, and the daemon exited (3) instead of waiting for it again. The
+    start has many steps (the schema check, the pool, the shape check, the warmed plans, each
+    duty's first statement), so the loss is put at any of them: the proxy counts what a daemon
+    sends until it is ready (~66 chunks), then each start breaks every connection as one chunk
+    of that count is sent: the first, the last and a seeded sample between (a different one
+    each run; PGWORK_TEST_SEED repeats one). Each start must wait, become ready once the
+    database answers again, and deliver."""
+    import random
+
+    seed = int(os.environ.get("PGWORK_TEST_SEED") or random.randrange(2**32))
+    total = await _start_sends(dsn)
+    assert total > 10, total  # the start was counted
+    cases = sorted({1, total, *random.Random(seed).sample(range(2, total), min(total - 2, 12))})
+    d = conninfo_to_dict(dsn)
+    for i, n in enumerate(cases, 1):
+        case = f"cut at chunk {n} of {total} (PGWORK_TEST_SEED={seed})"
+        proxy = Proxy(str(d["host"]), int(str(d["port"])))
+        proxy.cut_at = n
+        proxy.start()
+        daemon = Daemon(config(connect_timeout=1.0), _via(dsn, proxy))
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(daemon.run)
+                with anyio.fail_after(30):
+                    await until(
+                        _cut_or_ready(proxy, daemon), timeout=30, what=f"a cut or ready, {case}"
+                    )
+                    if proxy.disarm():  # (this start sent fewer chunks: then after ready)
+                        await anyio.sleep(0.3)
+                        proxy.restore()
+                    while not daemon.ready.is_set():
+                        assert not daemon.finished.is_set(), f"the start ended: {case}"
+                        await anyio.sleep(0.02)
+                await add(conn, f"cut-at-{n}")
+                await until(partial(_delivered, conn, i), timeout=30, what=f"delivery, {case}")
+                daemon.request_stop()
+        finally:
+            proxy.cut()
