@@ -6,9 +6,13 @@ with PB_JOBS, PB_BATCH, PB_WORKERS and PB_LAT_SAMPLES set, and reads the last st
     PGWORK_BENCH_CMD='cd /path/to/pgwork && .venv/bin/python -m bench.peer_hook' \\
         bash ../shared/bench-peers/run.sh
 
-Like the other rows: enqueue PB_JOBS jobs (chunks of 1000, one producer; for pgwork that is
-inserting reminders already due and materialising them), VACUUM (ANALYZE) and CHECKPOINT, then
-time only the drain (no-op Python channel, attempt ledger and fencing on), then measure
+Like the other rows: enqueue PB_JOBS jobs (chunks of 1000, one producer; for pgwork that is an
+app inserting reminders already due: what the producer waits for), VACUUM (ANALYZE) and
+CHECKPOINT, then time only the drain (no-op Python channel, attempt ledger and fencing on): for
+pgwork the daemon makes the work from the reminders and delivers it, its materialiser's pages
+claiming what they make, as it runs in production. ``PGWORK_HOOK_MAKE_FIRST=1`` makes the work
+before the drain and counts it in the enqueue instead (how this row was measured before
+2026-12-08: its enqueue was the insert and the making together). Then measure
 enqueue-to-handler latency on an idle daemon, on a schema made again (empty tables, as the other
 rows' latency runs in a fresh database). ``PGWORK_HOOK_BATCH`` and ``PGWORK_HOOK_CONCURRENCY``
 override the claim batch and the channel concurrency (defaults: PB_BATCH and PB_WORKERS).
@@ -54,12 +58,15 @@ async def main() -> dict[str, float]:
     conc = int(os.environ.get("PGWORK_HOOK_CONCURRENCY") or os.environ.get("PB_WORKERS", "4"))
     samples = int(os.environ.get("PB_LAT_SAMPLES", "200"))
     dsn = env_dsn()
+    make_first = os.environ.get("PGWORK_HOOK_MAKE_FIRST", "") not in ("", "0")
     async with await db.connect(dsn) as c:
         await w.migrate_with_noop(c)
         t0 = time.perf_counter()
         await w.insert_due(c, jobs, chunk=1000)
-        res = await materialiser.run_once(c, lookahead=0, page_size=10_000)
-        assert res is not None and res.made == jobs
+        inserted = jobs / (time.perf_counter() - t0)
+        if make_first:
+            res = await materialiser.run_once(c, lookahead=0, page_size=10_000)
+            assert res is not None and res.made == jobs
         enqueue = jobs / (time.perf_counter() - t0)
         await w.prepare_measure(c)
     sync = os.environ.get("PGWORK_HOOK_SYNCHRONOUS_CLAIMS", "") not in ("", "0")
@@ -81,6 +88,8 @@ async def main() -> dict[str, float]:
     return {
         "drain_jobs_per_s": round(drained["jobs_per_s"], 1),
         "enqueue_jobs_per_s": round(enqueue, 1),
+        "insert_jobs_per_s": round(inserted, 1),
+        "made_in_drain": not make_first,
         "lat_p50_ms": round(w.pct(lat, 50), 3),
         "lat_p99_ms": round(w.pct(lat, 99), 3),
         "pg_cores": drained["pg_cores"],

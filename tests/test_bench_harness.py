@@ -82,3 +82,14 @@ def test_the_costs_count_a_statement_run_inside_a_function_once() -> None:
     assert caller["toplevel"] and not inside["toplevel"]
     assert inside["calls"] == 20 and inside["wal_records"] == caller["wal_records"] > 0
     assert per_job["wal_records"] * 20 == caller["wal_records"]
+
+
+def test_every_insert_cost_variant_applies_to_this_schema(admin_dsn: str) -> None:
+    """bench.insert_cost takes parts of pgwork.reminder away by name (its triggers, its foreign
+    key, its indexes): a part renamed would make a variant fail, not read as a figure. Each
+    variant runs once, with few rows, and inserts every row."""
+    from bench import insert_cost
+
+    got = insert_cost.measure(admin_dsn, list(insert_cost.VARIANTS), rows=2000, rounds=1, due="now")
+    assert sorted(got) == sorted(insert_cost.VARIANTS)
+    assert all(len(r) == 1 and r[0] > 0 for r in got.values()), got

@@ -274,6 +274,24 @@ async def test_notify_once_per_statement_and_never_for_far_future(
             "SELECT 'near', 'k' || g, now() + interval '1 minute', 'test', 'r' FROM generate_series(1, 50) g"
         )
         assert await drain() == 1
+        # Per statement, over the rows it wrote: one near row among far ones asks once; a far
+        # deadline whose first send falls within the hour asks; rows not written do not.
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "SELECT 'mixed', 'k' || g, now() + CASE WHEN g = 500 THEN interval '59 minutes' "
+            "ELSE interval '61 minutes' END, 'test', 'r' FROM generate_series(1, 1000) g"
+        )
+        assert await drain() == 1
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, remind_before, channel, recipient) "
+            "VALUES ('early', 'k', now() + interval '30 days', '{30 days, 0}', 'test', 'r')"
+        )
+        assert await drain() == 1
+        await conn.execute(
+            "INSERT INTO pgwork.reminder (source, business_key, due_at, channel, recipient) "
+            "VALUES ('near', 'k1', now(), 'test', 'r') ON CONFLICT DO NOTHING"
+        )
+        assert await drain() == 0
         # Moving a far one into the window notifies too; the daemon's own writes never do.
         await conn.execute(
             "UPDATE pgwork.reminder SET due_at = now() WHERE source = 'bulk' AND business_key = 'k1'"
