@@ -435,41 +435,29 @@ def _channel(
         takers = " and ".join(k.name for k in KINDS.values() if key in declared(k.options))
         raise ConfigError(f"{label(key)}: only {takers} channels take {key} (this is {kind.name})")
 
-    def num(key: str) -> Any:
-        """A common option read, bounded and defaulted as its field declares it."""
-        return (
-            options.value(label(key), _COMMON[key], raw[key])
-            if key in raw
-            else _COMMON[key].default
-        )
-
-    retry = RetryPolicy(
-        max_attempts=num("max_attempts"),
-        base=num("backoff_base"),
-        cap=num("backoff_cap"),
-        retry_for=num("retry_for"),
-    )
+    retry = options.read(RetryPolicy, raw, label)
     rate = parse_rate(label("rate_limit"), raw["rate_limit"]) if "rate_limit" in raw else None
-    burst = num("rate_burst")
+    burst = (
+        options.value(label("rate_burst"), _COMMON["rate_burst"], raw["rate_burst"])
+        if "rate_burst" in raw
+        else None
+    )
     if burst is not None and rate is None:
         raise ConfigError(f"{label('rate_burst')}: only with a rate_limit")
     if retry.cap < retry.base:
         raise ConfigError(f"{where}.backoff_cap: must not be shorter than backoff_base")
     own = {k: v for k, v in raw.items() if k not in _COMMON}
-    return ChannelConfig(
+    # Every common option is read as its field declares it; only these are read by hand.
+    return options.read(
+        ChannelConfig,
+        raw,
+        label,
         name=name,
         kind=kind.name,
-        concurrency=num("concurrency"),
         retry=retry,
-        attempt_timeout=num("attempt_timeout"),
-        expire_after=num("expire_after"),
-        catch_up=num("catch_up"),
         rate_limit=rate,
         # A second's worth by default (at least one).
         rate_burst=float(burst) if burst is not None else (max(1.0, rate) if rate else None),
-        global_concurrency=num("global_concurrency"),
-        breaker_after=num("breaker_after"),
-        breaker_probe=num("breaker_probe"),
         options=kind.read(own, label, env, secrets),
     )
 

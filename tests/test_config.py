@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pgwork.config import ConfigError, _channel, load
 from pgwork.durations import parse_duration
+from pgwork.options import declared
+from pgwork.settings import ChannelConfig, RetryPolicy
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -587,3 +590,95 @@ def test_nothing_outside_a_kinds_module_decides_by_its_name_or_reads_its_options
             ):
                 found.append(f"{path.relative_to(root)}:{node.lineno} names {node.value!r}")
     assert found == []
+
+
+def _not_default(f: Any) -> tuple[str, Any]:
+    """A TOML value for option field ``f`` other than its default, and what it reads as."""
+    md, default = f.metadata, f.default
+    if md["choices"]:
+        pick = next(c for c in md["choices"] if c != default)
+        return f'"{pick}"', pick
+    lo, hi = md["within"] or (0, 1_000_000)
+    if md["kind"] == "int":
+        v = lo + 1 if default != lo + 1 else lo + 2
+        return str(v), v
+    if md["kind"] == "duration":
+        s = min(default * 2, hi) if default else lo * 2
+        return f'"{s}s"', s
+    raise AssertionError(f"no value for a {md['kind']} option here: {f.name}")
+
+
+#: Read by hand (a rate, a burst that depends on it, the kind that picks the rest).
+_BY_HAND = {"kind", "rate_limit", "rate_burst"}
+
+
+@pytest.mark.parametrize(
+    "key", sorted((set(declared(ChannelConfig)) | set(declared(RetryPolicy))) - _BY_HAND)
+)
+def test_every_common_channel_option_reaches_its_field(tmp_path: Path, key: str) -> None:
+    """Issue 69, item 3: a channel's common options were read into ChannelConfig by a call
+    listing them keyword by keyword, so one declared and not listed was accepted from TOML and
+    silently kept its default (the reference's test only checked it was not "unknown"). Each
+    common option, set to a value that is not its default, is what the channel's config holds."""
+    owner, f = next(
+        (cls, declared(cls)[key]) for cls in (ChannelConfig, RetryPolicy) if key in declared(cls)
+    )
+    text, want = _not_default(f)
+    cfg = load(write(tmp_path, f'[channels.c]\nkind = "log"\n{key} = {text}\n'), env={})
+    ch = cfg.channels["c"]
+    got = getattr(ch.retry if owner is RetryPolicy else ch, f.name)
+    assert got == want != f.default, (key, got, want)
+
+
+NEW_OPTION = """
+    priority: int = option("priority", "int", 0, within=(0, 9), doc="a test's new option")
+"""
+
+NEW_OPTION_PROBE = """
+import json, sys
+import pgwork
+from pgwork import config
+out = {"package": pgwork.__file__}
+for text in ('priority = 7', 'priority = 12'):
+    with open(sys.argv[1], "w") as f:
+        f.write('[channels.c]\\nkind = "log"\\n' + text + '\\n')
+    try:
+        out[text] = config.load(sys.argv[1], env={}).channels["c"].priority
+    except config.ConfigError as e:
+        out[text] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_common_option_declared_on_its_field_alone_is_read(tmp_path: Path) -> None:
+    """The other half of item 3: with pgwork copied and only a field added to ChannelConfig
+    (declared with ``option``), the configuration reads it from the file, bounded as declared.
+    Red before: the channel kept the field's default, 0."""
+    import json
+    import shutil
+    import subprocess
+
+    import pgwork
+
+    copy = tmp_path / "tree"
+    shutil.copytree(
+        Path(pgwork.__file__).parent, copy / "pgwork", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    settings = copy / "pgwork" / "settings.py"
+    text = settings.read_text()
+    anchor = "    #: The kind's own options, as its module declares and reads them"
+    assert anchor in text
+    settings.write_text(text.replace(anchor, NEW_OPTION.strip("\n") + "\n" + anchor))
+    out = subprocess.run(
+        [sys.executable, "-c", NEW_OPTION_PROBE, str(tmp_path / "c.toml")],
+        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["package"].startswith(str(copy))
+    assert seen["priority = 7"] == 7
+    assert seen["priority = 12"] == "channels.c.priority: must be between 0 and 9 (got 12)"
