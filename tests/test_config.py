@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -472,6 +473,37 @@ class SmsChannel:
 KIND = Kind(name="sms", options=SmsOptions, read=_read, make=SmsChannel)
 '''
 
+
+def _run_in_a_copy(
+    tmp_path: Path, change: Callable[[Path], None], probe: str, *args: str
+) -> dict[str, Any]:
+    """pgwork copied to ``tmp_path``, changed by ``change`` (given the copy's package), then
+    ``probe`` run by a fresh interpreter that imports the copy; its JSON answer."""
+    import json
+    import shutil
+    import subprocess
+
+    import pgwork
+
+    copy = tmp_path / "tree"
+    shutil.copytree(
+        Path(pgwork.__file__).parent, copy / "pgwork", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    change(copy / "pgwork")
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *args],
+        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,  # `python -c` reads modules from its directory first
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    seen: dict[str, Any] = json.loads(out.stdout)
+    assert seen["package"].startswith(str(copy))
+    return seen
+
+
 SMS_PROBE = """
 import json, sys
 import pgwork
@@ -509,29 +541,18 @@ def test_a_channel_kind_is_declared_in_one_file(tmp_path: Path) -> None:
     kind), the reference documents them, its secret is masked, and a channel of it is made. Red
     before: the kinds were a list in pgwork/channels/__init__.py and their options fields of
     ChannelConfig."""
-    import json
-    import shutil
-    import subprocess
-
-    import pgwork
-
-    copy = tmp_path / "tree"
-    shutil.copytree(
-        Path(pgwork.__file__).parent, copy / "pgwork", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    (copy / "pgwork" / "channels" / "sms.py").write_text(SMS_KIND)
     cfg = write(tmp_path, '[channels.text]\nkind = "sms"\napi_key = "env:SMS_KEY"\n')
-    out = subprocess.run(
-        [sys.executable, "-c", SMS_PROBE, str(cfg), str(tmp_path / "other.toml")],
-        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,  # `python -c` reads modules from its directory first
-        capture_output=True,
-        text=True,
-        timeout=120,
+
+    def add_kind(pkg: Path) -> None:
+        (pkg / "channels" / "sms.py").write_text(SMS_KIND)
+
+    seen = _run_in_a_copy(
+        tmp_path,
+        add_kind,
+        SMS_PROBE,
+        str(cfg),
+        str(tmp_path / "other.toml"),
     )
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout)
-    assert seen["package"].startswith(str(copy))
     assert seen["kinds"] == ["log", "python", "sms", "webhook"]
     assert seen["options"] == ["sms", "ACME", 160, ["sk_live_0123456789"]]
     assert seen["made"] == "SmsChannel"
@@ -654,31 +675,15 @@ def test_a_common_option_declared_on_its_field_alone_is_read(tmp_path: Path) -> 
     """The other half of item 3: with pgwork copied and only a field added to ChannelConfig
     (declared with ``option``), the configuration reads it from the file, bounded as declared.
     Red before: the channel kept the field's default, 0."""
-    import json
-    import shutil
-    import subprocess
-
-    import pgwork
-
-    copy = tmp_path / "tree"
-    shutil.copytree(
-        Path(pgwork.__file__).parent, copy / "pgwork", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    settings = copy / "pgwork" / "settings.py"
-    text = settings.read_text()
     anchor = "    #: The kind's own options, as its module declares and reads them"
-    assert anchor in text
-    settings.write_text(text.replace(anchor, NEW_OPTION.strip("\n") + "\n" + anchor))
-    out = subprocess.run(
-        [sys.executable, "-c", NEW_OPTION_PROBE, str(tmp_path / "c.toml")],
-        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout)
-    assert seen["package"].startswith(str(copy))
+
+    def add_field(pkg: Path) -> None:
+        text = (pkg / "settings.py").read_text()
+        assert anchor in text
+        (pkg / "settings.py").write_text(
+            text.replace(anchor, NEW_OPTION.strip("\n") + "\n" + anchor)
+        )
+
+    seen = _run_in_a_copy(tmp_path, add_field, NEW_OPTION_PROBE, str(tmp_path / "c.toml"))
     assert seen["priority = 7"] == 7
     assert seen["priority = 12"] == "channels.c.priority: must be between 0 and 9 (got 12)"
