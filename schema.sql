@@ -579,11 +579,13 @@ CREATE TABLE pgwork.daemon (
     heartbeat_every interval NOT NULL DEFAULT '20 seconds',
     metrics_at   text,
     schema_version integer,
-    channels     text[]
+    channels     text[],
+    session_pid  bigint
 );
 COMMENT ON TABLE pgwork.daemon IS
-    'Running (or recently running) daemons, refreshed by their heartbeat. A row whose heartbeat is '
-    'older than three heartbeat_every is shown as gone; after ten it is deleted by the others.';
+    'Running (or recently running) daemons. One is alive while its heartbeat is recent or its '
+    'session lock is held (pgwork.daemon_alive); one not alive is shown as gone, and once its '
+    'heartbeat is ten intervals old it is deleted by the others.';
 COMMENT ON COLUMN pgwork.daemon.listener_up IS
     'Whether its LISTEN connection is up; NULL: it runs without one by configuration (behind a '
     'transaction pooler with no listen_dsn: the tick alone finds new work).';
@@ -593,6 +595,9 @@ COMMENT ON COLUMN pgwork.daemon.metrics_at IS
 COMMENT ON COLUMN pgwork.daemon.channels IS
     'The channels it serves (its config''s): `pgwork channel retire` names the daemons serving one. '
     'NULL: a daemon older than schema 24.';
+COMMENT ON COLUMN pgwork.daemon.session_pid IS
+    'The backend pid of its LISTEN session, which holds its session lock: while that lock is held '
+    'the daemon is alive without writing (pgwork.daemon_alive). NULL: no such session.';
 COMMENT ON COLUMN pgwork.daemon.schema_version IS
     'The schema version its code runs (NULL: a daemon older than the migration handshake, which '
     '`pgwork migrate` cannot ask to step aside).';

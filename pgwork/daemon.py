@@ -242,6 +242,7 @@ class Daemon:
             metrics_at=self.metrics_at,
             channels=sorted(self.cfg.channels),
             migration_asked=self.step_aside,
+            session_pid=lambda: listener.session_pid if listen_dsn else None,
         )
         listener = Listener(
             listen_dsn or self.dsn,

@@ -102,6 +102,7 @@ CODE = (
     "claim",
     "reminder_triggers",
     "channel_control",
+    "daemons",
     "tenancy",
     "app_views",
     "series",

@@ -604,7 +604,8 @@ def test_every_named_statement_has_one_typed_function() -> None:
 
     bound = {n for n, f in inspect.getmembers(store, inspect.iscoroutinefunction)}
     # Run inside another function's transaction: batch_limits and retention_lock in
-    # retention_delete_batch's, commit_synchronously in materialise_page's, the retire steps in
+    # retention_delete_batch's, commit_synchronously in materialise_page's, record_without_waiting
+    # in materialise_record_pass's (a pass that made nothing), the retire steps in
     # channel_retire's; or one of two a function chooses (history_work, migration_request and
     # migration_clear: the legacy protocol's or the owner's row; migrate_lock: a table or, for
     # an install, an advisory key, after its wait bound).
@@ -612,6 +613,7 @@ def test_every_named_statement_has_one_typed_function() -> None:
         "batch_limits",
         "retention_lock",
         "commit_synchronously",
+        "record_without_waiting",
         "channel_retire_hold",
         "channel_retire_cancel",
         "channel_retire_close_work",

@@ -97,8 +97,10 @@ async def release_all(
 @dataclass(eq=False)
 class Heartbeat:
     """The heartbeat duty, every lease/3: extend every held lease (a lease lost meanwhile is
-    logged; its late outcome will be fenced), refresh this daemon's row with its listener state,
-    forget daemons silent for long, and re-read the database's clock."""
+    logged; its late outcome will be fenced), refresh this daemon's row with its listener state
+    (written only when it changed while the listener's session holds the daemon's session lock:
+    then that lock says the daemon is alive; without it, every interval), forget daemons gone for
+    long, and re-read the database's clock."""
 
     pool: AsyncConnectionPool[AsyncConnection[Any]]
     leases: Leases
@@ -118,6 +120,10 @@ class Heartbeat:
     #: Called with who asks when a heartbeat finds `pgwork migrate` asking the daemons to step
     #: aside (the floor under the listener's NOTIFY).
     migration_asked: Callable[[str], None] = lambda _: None
+    #: The pid of the session holding this daemon's session lock (the listener's; None: none).
+    session_pid: Callable[[], int | None] = lambda: None
+    #: What the row says now (listener up, session pid); None: not written since registering.
+    _written: tuple[bool | None, int | None] | None = field(default=None, init=False)
 
     @property
     def daemon_id(self) -> str:
@@ -134,10 +140,21 @@ class Heartbeat:
                 "lease lost while delivering (another worker may take the row)",
                 extra={"work_id": work_id, "lease": lease},
             )
+        state = (self.listener_up(), self.session_pid())
         async with self.pool.connection() as conn:
-            asked_by = await store.daemon_heartbeat(
-                conn, id=self.daemon_id, listener_up=self.listener_up()
-            )
+            if state[1] is None or state != self._written:
+                # Seen alive by the heartbeat's time: written every interval.
+                found, asked_by = await store.daemon_heartbeat(
+                    conn, id=self.daemon_id, listener_up=state[0], session_pid=state[1]
+                )
+                if not found:  # forgotten by another daemon (judged gone meanwhile): again
+                    await self._register(conn)
+                    self._written = None
+                else:
+                    self._written = state
+            else:
+                # Seen alive by its session's lock, and the row says so: nothing to write.
+                asked_by = await store.migration_pending(conn)
             gone = await store.daemons_forget_gone(conn)
             await self.clock.sync(conn)
         if asked_by is not None:
@@ -146,21 +163,24 @@ class Heartbeat:
             log.info("forgot daemon %s: no heartbeat for long", g, extra={"gone": g})
         return Next(self.every, "tick")
 
+    async def _register(self, conn: AsyncConnection[Any]) -> None:
+        daemon_id, host, pid = self.identity
+        await store.daemon_register(
+            conn,
+            id=daemon_id,
+            host=host,
+            pid=pid,
+            version=build.version(),
+            heartbeat_every=timedelta(seconds=self.every),
+            listener_up=self.listener_up(),
+            metrics_at=self.metrics_at,
+            channels=self.channels,
+        )
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Registers this daemon's row, heartbeats until cancelled, then removes the row."""
-        daemon_id, host, pid = self.identity
         async with self.pool.connection() as conn:
-            await store.daemon_register(
-                conn,
-                id=daemon_id,
-                host=host,
-                pid=pid,
-                version=build.version(),
-                heartbeat_every=timedelta(seconds=self.every),
-                listener_up=self.listener_up(),
-                metrics_at=self.metrics_at,
-                channels=self.channels,
-            )
+            await self._register(conn)
             await self.clock.sync(conn)
         self.clock.warn_if_skewed()
         try:

@@ -56,12 +56,15 @@ class Listener:
     #: reason to look at the request, never the request itself).
     migration_asked: Callable[[str], None] = lambda _: None
     up: bool = field(default=False, init=False)
+    #: The pid of the listening session while it holds this daemon's session lock (keyed by
+    #: ``origin``): the daemon is seen alive by it without writing (pgwork.daemon_alive).
+    session_pid: int | None = field(default=None, init=False)
     _first: anyio.Event = field(default_factory=anyio.Event, init=False)
 
-    def _set_up(self, up: bool) -> None:
-        if up != self.up and self.changed is not None:
+    def _set_up(self, up: bool, session_pid: int | None = None) -> None:
+        if (up, session_pid) != (self.up, self.session_pid) and self.changed is not None:
             self.changed.wake("listener")
-        self.up = up
+        self.up, self.session_pid = up, session_pid
         self.sup.metrics.listener_up.set(1 if up else 0)
 
     async def step(self) -> Next:
@@ -85,7 +88,8 @@ class Listener:
                     "connected to a standby (pg_is_in_recovery); NOTIFY does not reach it"
                 )
             await store.listen(conn)
-            self._set_up(True)
+            pid = await store.daemon_session_lock(conn, id=self.origin) if self.origin else None
+            self._set_up(True, pid)
             self._first.set()
             log.info("listening", extra={"duty": "listener", "channels": list(CHANNELS)})
             self.materialiser.wake("reconnect")

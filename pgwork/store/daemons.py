@@ -143,11 +143,24 @@ async def daemon_register(
     )
 
 
-async def daemon_heartbeat(conn: Conn, *, id: str, listener_up: bool | None) -> str | None:
-    """Refresh this daemon's row; returns who asks the daemons to step aside for a migration
-    (None: nobody)."""
-    got = await _dicts(conn, "daemon_heartbeat", {"id": id, "listener_up": listener_up})
-    return got[0]["migration_requested_by"] if got else None
+async def daemon_heartbeat(
+    conn: Conn, *, id: str, listener_up: bool | None, session_pid: int | None
+) -> tuple[bool, str | None]:
+    """Refresh this daemon's row: whether it was there (another daemon forgets a row it judged
+    gone), and who asks the daemons to step aside for a migration (None: nobody)."""
+    got = await _dicts(
+        conn,
+        "daemon_heartbeat",
+        {"id": id, "listener_up": listener_up, "session_pid": session_pid},
+    )
+    return (True, got[0]["migration_requested_by"]) if got else (False, None)
+
+
+async def daemon_session_lock(conn: Conn, *, id: str) -> int | None:
+    """Take this daemon's session lock on ``conn``; its backend pid, or None when another session
+    holds it."""
+    got = await _column(conn, "daemon_session_lock", {"id": id})
+    return int(got[0]) if got and got[0] is not None else None
 
 
 async def daemon_unregister(conn: Conn, *, id: str) -> None:

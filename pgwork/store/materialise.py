@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
+import psycopg
+
 from ..queries import Q
 from ._bind import (
     Claimed,
@@ -200,11 +202,21 @@ async def materialise_record_pass(
     """Record a pass's evidence (one that made nothing: only when the last record is older than
     ``record_every``); returns the cutoff recorded, or as it would have been (None: no state
     row)."""
-    got = await _dicts(
-        conn,
-        "materialise_record_pass",
-        {"cutoff": cutoff, "made": made, "duration_ms": duration_ms, "record_every": record_every},
-    )
+    params = {
+        "cutoff": cutoff,
+        "made": made,
+        "duration_ms": duration_ms,
+        "record_every": record_every,
+    }
+    if made:
+        got = await _dicts(conn, "materialise_record_pass", params)
+        return got[0]["last_cutoff"] if got else None
+    try:
+        async with conn.transaction():
+            await _exec(conn, "record_without_waiting")
+            got = await _dicts(conn, "materialise_record_pass", params)
+    except psycopg.errors.LockNotAvailable:
+        return cutoff  # a retention batch holds the state table: not recorded this time
     return got[0]["last_cutoff"] if got else None
 
 

@@ -66,19 +66,23 @@ VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(heartbeat_every)s, %(listener_
         %(schema_version)s, %(channels)s)
     ON CONFLICT (id) DO UPDATE
    SET heartbeat_at = now(), heartbeat_every = excluded.heartbeat_every, listener_up = excluded.listener_up,
-       metrics_at = excluded.metrics_at, schema_version = excluded.schema_version, channels = excluded.channels
+       metrics_at = excluded.metrics_at, schema_version = excluded.schema_version, channels = excluded.channels,
+       session_pid = NULL
 
 -- name: daemons_forget_gone
--- Daemons silent for ten heartbeat intervals (and at least ten minutes) are gone for good (killed,
--- host lost): their rows go. Their claims come back through lease expiry, not through this.
-DELETE FROM pgwork.daemon
- WHERE heartbeat_at < now() - greatest(10 * heartbeat_every, interval '10 minutes')
-RETURNING id
+-- Daemons not alive (pgwork.daemon_alive) whose heartbeat is ten intervals old (and at least ten
+-- minutes) are gone for good (killed, host lost): their rows go. Their claims come back through
+-- lease expiry, not through this.
+DELETE FROM pgwork.daemon d
+ WHERE d.heartbeat_at < now() - greatest(10 * d.heartbeat_every, interval '10 minutes')
+   AND NOT pgwork.daemon_alive(d)
+RETURNING d.id
 
 -- name: daemon_heartbeat
 -- And whether `pgwork migrate` asks the daemons to step aside (see migration_pending; the
 -- NOTIFY only wakes the heartbeat to look sooner).
-UPDATE pgwork.daemon SET heartbeat_at = now(), listener_up = %(listener_up)s WHERE id = %(id)s
+UPDATE pgwork.daemon SET heartbeat_at = now(), listener_up = %(listener_up)s, session_pid = %(session_pid)s
+ WHERE id = %(id)s
 RETURNING (SELECT s.migration_requested_by FROM pgwork.schema_version s
              WHERE s.migration_requested_at IS NOT NULL
                AND EXISTS (SELECT FROM pg_stat_activity a
@@ -86,6 +90,12 @@ RETURNING (SELECT s.migration_requested_by FROM pgwork.schema_version s
                               AND right(s.migration_requested_by, length(a.application_name) + 10)
                         = '(session ' || a.application_name || ')'))
           AS migration_requested_by
+
+-- name: daemon_session_lock
+-- Taken by a daemon's LISTEN session once it listens (pgwork.daemon_alive): the session's pid,
+-- or NULL when another session holds the lock (a previous session of this daemon not yet ended).
+SELECT CASE WHEN pg_try_advisory_lock(pgwork.daemon_lock_class(), hashtext(%(id)s))
+            THEN pg_backend_pid() END AS pid
 
 -- name: daemon_unregister
 DELETE FROM pgwork.daemon WHERE id = %(id)s
@@ -107,7 +117,7 @@ SELECT (SELECT count(*) FROM pgwork.reminder r WHERE r.channel = c.name) AS remi
           JOIN pgwork.reminder r ON r.id = w.reminder_id AND r.channel <> c.name) AS moved,
        coalesce((SELECT array_agg(format('%%s (%%s, pid %%s)', d.id, d.host, d.pid) ORDER BY d.started_at)
                    FROM pgwork.daemon d
-                  WHERE c.name = ANY (d.channels) AND d.heartbeat_at >= now() - 3 * d.heartbeat_every),
+                  WHERE c.name = ANY (d.channels) AND pgwork.daemon_alive(d)),
                 '{}') AS served_by
   FROM pgwork.channel c
  WHERE c.name = %(channel)s
@@ -175,11 +185,13 @@ UPDATE pgwork.renewal_work w
 DELETE FROM pgwork.channel c WHERE c.name = %(channel)s
 
 -- name: daemons
--- A daemon silent for more than three heartbeat intervals is shown as gone, and its listener
--- as down (its row kept what its last heartbeat said: "up", for a daemon killed since).
-SELECT id, host, pid, version, started_at, heartbeat_at,
-       CASE WHEN heartbeat_at < now() - 3 * heartbeat_every THEN false ELSE listener_up END AS listener_up,
-       metrics_at,
-       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds,
-       heartbeat_at < now() - 3 * heartbeat_every AS gone
-  FROM pgwork.daemon ORDER BY started_at
+-- A daemon not alive (pgwork.daemon_alive) is shown as gone, and its listener as down (its row
+-- kept what its last heartbeat said: "up", for a daemon killed since).
+SELECT d.id, d.host, d.pid, d.version, d.started_at, d.heartbeat_at,
+       CASE WHEN a.alive THEN d.listener_up ELSE false END AS listener_up,
+       d.metrics_at,
+       extract(epoch FROM now() - d.heartbeat_at)::float8 AS heartbeat_age_seconds,
+       NOT a.alive AS gone
+  FROM pgwork.daemon d
+ CROSS JOIN LATERAL (SELECT pgwork.daemon_alive(d) AS alive) AS a
+ ORDER BY d.started_at

@@ -73,6 +73,12 @@ SELECT s.reminder_id, s.source, s.business_key, s.fire_at, s.daemon_id, s.since,
 -- claimed rows for a channel whose claims are synchronous; database.synchronous_claims).
 SELECT set_config('synchronous_commit', 'on', true)
 
+-- name: record_without_waiting
+-- A pass that made nothing records without waiting for the state table: a retention batch holds
+-- it (the coordination lock) for its transaction, which may be waiting for an app's lock, and
+-- such a record is optional (the next one writes it; the exported cutoff is this pass's own).
+SELECT set_config('lock_timeout', '50ms', true)
+
 -- name: materialise_record_pass
 -- Evidence of a pass: everything firing at or before %(cutoff)s has its work row (the caller
 -- passes less than the pass's cutoff when reminders locked by apps were skipped). Committed

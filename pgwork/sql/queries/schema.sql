@@ -26,13 +26,19 @@ UPDATE pgwork.schema_version
        code_checksum = %(checksum)s
 
 -- name: migrate_daemons
--- The daemons alive now (a heartbeat within three intervals), as `pgwork migrate` sees them
--- before it changes a schema of any version: columns a version may lack are read by name from
--- the row (schema_version: NULL for a daemon that predates the handshake).
+-- The daemons alive now, as `pgwork migrate` sees them before it changes a schema of any version
+-- (so pgwork.daemon_alive, which a version may lack, written out here): a heartbeat within three
+-- intervals, or the session lock held by the session the row names (schema 28 on). Columns a
+-- version may lack are read by name from the row (schema_version: NULL for a daemon that
+-- predates the handshake).
 SELECT d.id, d.host, (d.pid)::bigint AS pid, d.version,
        (to_jsonb(d)->>'schema_version')::int AS schema_version
   FROM pgwork.daemon d
  WHERE d.heartbeat_at > now() - 3 * coalesce((to_jsonb(d)->>'heartbeat_every')::interval, interval '20 seconds')
+    OR EXISTS (SELECT FROM pg_locks l
+                WHERE l.locktype = 'advisory' AND l.granted AND l.pid = (to_jsonb(d)->>'session_pid')::bigint
+                  AND l.database = (SELECT b.oid FROM pg_database b WHERE b.datname = current_database())
+                  AND l.classid = 1885828964::oid AND l.objid = hashtext(d.id)::oid AND l.objsubid = 2)
  ORDER BY d.host, d.pid
 
 -- name: migration_request_legacy
